@@ -1,0 +1,236 @@
+"""The exporter's configuration: one YAML file per host, validated strictly.
+
+Every model forbids unknown keys so that a typo is an error, not a silently
+ignored setting.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from . import yamlfile
+from .units import parse_quantity
+
+
+class PathClass(StrEnum):
+    intra_region = "intra_region"
+    inter_region = "inter_region"
+    transit_gateway = "transit_gateway"
+    vpc_peering = "vpc_peering"
+
+
+Protocol = Literal["tcp", "udp"]
+Direction = Literal["send", "receive"]
+Congestion = Literal["cubic", "bbr", "reno"]
+
+BitsPerSecond = Annotated[float, BeforeValidator(lambda v: parse_quantity(v, "rate")), Field(gt=0)]
+Bytes = Annotated[int, BeforeValidator(lambda v: int(parse_quantity(v, "size"))), Field(ge=0)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Host(Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address
+    region: str = Field(min_length=1)
+    zone: str = ""
+    instance_type: str = ""
+
+
+class ThroughputSettings(Strict):
+    enabled: bool = True
+    protocols: list[Protocol] = Field(default=["tcp"], min_length=1)
+    streams: list[Annotated[int, Field(ge=1, le=128)]] = Field(default=[1, 8], min_length=1)
+    directions: list[Direction] = Field(default=["send"], min_length=1)
+    duration_seconds: float = Field(default=5, gt=0, le=60)
+    omit_seconds: float = Field(default=1, ge=0, le=10)
+    congestion: Congestion | None = None
+    udp_bitrate: BitsPerSecond = 100e6
+    # Socket buffer (iperf3 -w); None leaves the kernel's autotuning alone.
+    window_bytes: Bytes | None = None
+
+
+class ThroughputOverrides(Strict):
+    """Per-peer changes to the throughput settings; unset fields keep the global value."""
+
+    enabled: bool | None = None
+    protocols: list[Protocol] | None = None
+    streams: list[Annotated[int, Field(ge=1, le=128)]] | None = None
+    directions: list[Direction] | None = None
+    udp_bitrate: BitsPerSecond | None = None
+
+
+class ScheduleSettings(Strict):
+    # Length of one slot of the round-robin tournament; the two hosts of a pair
+    # each get half of it as the client.
+    slot_seconds: float = Field(default=120, ge=4)
+    # Random delay before a half-slot's first test, so that tests do not start
+    # in lock-step on clock edges.
+    jitter_seconds: float = Field(default=2, ge=0)
+    # Time a test may overrun duration + omit before it is killed.
+    timeout_margin_seconds: float = Field(default=5, ge=1)
+
+
+class RttSettings(Strict):
+    enabled: bool = True
+    interval_seconds: float = Field(default=0.1, ge=0.001, le=60)
+    size_bytes: int = Field(default=1, ge=1, le=65536)
+    timeout_seconds: float = Field(default=1.0, gt=0, le=30)
+
+
+class LossSettings(Strict):
+    enabled: bool = True
+    rate_pps: float = Field(default=10, gt=0, le=1000)
+    size_bytes: int = Field(default=64, ge=24, le=1400)
+    # A packet is lost only when no echo came within this time.
+    timeout_seconds: float = Field(default=2.0, gt=0, le=30)
+
+
+class Limits(Strict):
+    """Per-path expected-throughput inputs (see limits.py); all optional."""
+
+    expected_bits_per_second: BitsPerSecond | None = None
+    per_flow_bits_per_second: BitsPerSecond | None = None
+    instance_bits_per_second: BitsPerSecond | None = None
+    region_cap_bits_per_second: BitsPerSecond | None = None
+    transit_gateway_bits_per_second: BitsPerSecond | None = None
+    placement: Literal["default", "cluster", "ena_express"] | None = None
+
+
+class Peer(Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address
+    region: str = Field(min_length=1)
+    zone: str = ""
+    path_class: PathClass
+    instance_type: str = ""
+    iperf3_port: int | None = Field(default=None, ge=1, le=65535)
+    throughput: ThroughputOverrides = ThroughputOverrides()
+    rtt_ceiling_seconds: float | None = Field(default=None, gt=0)
+    limits: Limits = Limits()
+
+
+class Iperf3Auth(Strict):
+    """iperf3's RSA authentication (iperf3 >= 3.7 built with OpenSSL)."""
+
+    username: str
+    password_file: Path
+    public_key_file: Path  # the mesh's server public key, used as client
+    private_key_file: Path  # used as server
+    authorized_users_file: Path
+
+
+class Iperf3Settings(Strict):
+    binary: str = "iperf3"
+    port: int = Field(default=5201, ge=1, le=65535)
+    auth: Iperf3Auth | None = None
+    # Limits on what a peer's test may take from this host (iperf3 -s options).
+    server_bitrate_limit: BitsPerSecond | None = None
+    idle_timeout_seconds: int = Field(default=30, ge=1)
+
+
+class Responders(Strict):
+    listen: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.IPv4Address("0.0.0.0")
+    rr_port: int = Field(default=9470, ge=1, le=65535)
+    echo_port: int = Field(default=9470, ge=1, le=65535)
+    # Addresses allowed besides the configured peers.
+    allow: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+    # Echo packets per second accepted from one source; more are dropped and counted.
+    echo_max_pps_per_source: float = Field(default=2000, gt=0)
+    rr_max_connections_per_source: int = Field(default=4, ge=1)
+
+
+class TlsSettings(Strict):
+    cert_file: Path
+    key_file: Path
+
+
+class BasicAuth(Strict):
+    username: str = Field(min_length=1)
+    password_file: Path
+
+
+class WebSettings(Strict):
+    listen: str = Field(default="0.0.0.0:9469", pattern=r"^(\[[0-9a-fA-F:]+\]|[^:\[\]]*):[0-9]{1,5}$")
+    tls: TlsSettings | None = None
+    basic_auth: BasicAuth | None = None
+
+    def address(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
+class BudgetSettings(Strict):
+    # Bytes that throughput tests started by this host may move per UTC day.
+    daily_bytes: Bytes = Field(default=50 * 10**9)
+    state_file: Path = Path("/var/lib/pathprobe/budget.json")
+
+
+class Probes(Strict):
+    throughput: ThroughputSettings = ThroughputSettings()
+    rtt: RttSettings = RttSettings()
+    loss: LossSettings = LossSettings()
+
+
+class Config(Strict):
+    host: Host
+    peers: list[Peer] = Field(min_length=1)
+    probes: Probes = Probes()
+    schedule: ScheduleSettings = ScheduleSettings()
+    responders: Responders = Responders()
+    iperf3: Iperf3Settings = Iperf3Settings()
+    web: WebSettings = WebSettings()
+    budget: BudgetSettings = BudgetSettings()
+    # The host's TCP receive buffer maximum (tcp_rmem max) for the receive-window
+    # bound; None reads it from /proc at start.
+    tcp_rmem_max_bytes: Bytes | None = None
+    # Divide the limits table's values by this (the lab runs AWS Gbps as Gbit/s / 10).
+    limits_scale: float = Field(default=1, gt=0)
+
+    @model_validator(mode="after")
+    def _check_mesh(self) -> Config:
+        names = [self.host.name] + [p.name for p in self.peers]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"host and peer names must be unique; repeated: {', '.join(dupes)}")
+        addrs = [str(self.host.address)] + [str(p.address) for p in self.peers]
+        dupes = sorted({a for a in addrs if addrs.count(a) > 1})
+        if dupes:
+            raise ValueError(f"host and peer addresses must be unique; repeated: {', '.join(dupes)}")
+        need = self.half_slot_need()
+        half = self.schedule.slot_seconds / 2
+        if need > half:
+            raise ValueError(
+                f"schedule.slot_seconds {self.schedule.slot_seconds:g} is too short: one host's tests "
+                f"need up to {need:g} s per half-slot (tests x (omit + duration + timeout margin) + jitter); "
+                f"set slot_seconds >= {2 * need:g} or run fewer stream counts/protocols"
+            )
+        return self
+
+    def throughput_for(self, peer: Peer) -> ThroughputSettings:
+        """The global throughput settings with this peer's overrides applied."""
+        changes = peer.throughput.model_dump(exclude_none=True)
+        return self.probes.throughput.model_copy(update=changes)
+
+    def half_slot_need(self) -> float:
+        sched = self.schedule
+        worst = 0.0
+        for peer in self.peers:
+            t = self.throughput_for(peer)
+            if not t.enabled:
+                continue
+            tests = len(t.protocols) * len(t.streams) * len(t.directions)
+            worst = max(worst, tests * (t.omit_seconds + t.duration_seconds + sched.timeout_margin_seconds))
+        return worst + sched.jitter_seconds if worst else 0.0
+
+
+def load(path: str | Path) -> Config:
+    """Load and validate a config file; raises yamlfile.ConfigError listing every problem."""
+    return yamlfile.load_model(path, Config)

@@ -1,0 +1,184 @@
+"""UDP echo probe: loss, duplicates, reordering, jitter and RTT from a low-rate stream.
+
+Wire format: b"PPUE", sequence (u64), sender's clock (u64 ns), zero padding to
+the configured size. The responder returns the datagram unchanged, or a short
+b"PPUN" + sequence to a source it does not allow (never larger than the request,
+so it cannot amplify). A packet counts as lost only when no echo came within the
+timeout; an echo that arrives after that counts as late, a second echo of the
+same packet as a duplicate, an echo older than the newest one seen as reordered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Protocol
+
+from .allow import AllowList
+from .results import reason_of_oserror
+
+HEADER = struct.Struct("!4sQQ")
+MAGIC = b"PPUE"
+REFUSED = b"PPUN"
+REFUSAL = struct.Struct("!4sQ")
+# Jitter gain of RFC 3550 (interarrival jitter), applied to successive RTTs.
+JITTER_GAIN = 1 / 16
+
+
+class EchoSink(Protocol):
+    def sent(self, size: int) -> None: ...
+    def received(self, rtt: float) -> None: ...
+    def lost(self) -> None: ...
+    def duplicate(self) -> None: ...
+    def reordered(self) -> None: ...
+    def late(self) -> None: ...
+    def jitter(self, seconds: float) -> None: ...
+    def failure(self, reason: str) -> None: ...
+
+
+def packet(seq: int, size: int, clock_ns: int) -> bytes:
+    head = HEADER.pack(MAGIC, seq, clock_ns)
+    return head + b"\x00" * max(0, size - len(head))
+
+
+class EchoClient(asyncio.DatagramProtocol):
+    def __init__(self, address: str, port: int, rate_pps: float, size: int, timeout: float, sink: EchoSink):
+        self.address, self.port = address, port
+        self.rate, self.size, self.timeout = rate_pps, size, timeout
+        self.sink = sink
+        self._seq = 0
+        self._outstanding: OrderedDict[int, float] = OrderedDict()  # seq -> send time, in send order
+        self._answered: OrderedDict[int, None] = OrderedDict()  # recent seqs, for duplicates
+        self._expired: OrderedDict[int, None] = OrderedDict()  # recent lost seqs, for late echoes
+        self._newest = -1
+        self._last_rtt: float | None = None
+        self._jitter = 0.0
+        self._memory = max(1024, int(rate_pps * timeout * 4))
+
+    # --- asyncio protocol callbacks
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        now = time.perf_counter()
+        if data[:4] == REFUSED and len(data) >= REFUSAL.size:
+            _, seq = REFUSAL.unpack_from(data)
+            if self._outstanding.pop(seq, None) is not None:
+                self.sink.failure("not_allowed")
+            return
+        if data[:4] != MAGIC or len(data) < HEADER.size:
+            return
+        _, seq, _ = HEADER.unpack_from(data)
+        sent_at = self._outstanding.pop(seq, None)
+        if sent_at is None:
+            if seq in self._answered:
+                self.sink.duplicate()
+            elif seq in self._expired:
+                self.sink.late()
+            return
+        rtt = now - sent_at
+        if seq < self._newest:
+            self.sink.reordered()
+        self._newest = max(self._newest, seq)
+        self._remember(self._answered, seq)
+        if self._last_rtt is not None:
+            self._jitter += (abs(rtt - self._last_rtt) - self._jitter) * JITTER_GAIN
+            self.sink.jitter(self._jitter)
+        self._last_rtt = rtt
+        self.sink.received(rtt)
+
+    def error_received(self, exc: Exception) -> None:
+        # ICMP errors on the connected socket (port or host unreachable).
+        self.sink.failure(reason_of_oserror(exc) if isinstance(exc, OSError) else "error")
+
+    # --- sending and expiry
+    def _remember(self, table: OrderedDict[int, None], seq: int) -> None:
+        table[seq] = None
+        while len(table) > self._memory:
+            table.popitem(last=False)
+
+    def _expire(self, now: float, everything: bool = False) -> None:
+        while self._outstanding:
+            seq, sent_at = next(iter(self._outstanding.items()))
+            if not everything and now - sent_at < self.timeout:
+                break
+            del self._outstanding[seq]
+            self._remember(self._expired, seq)
+            self.sink.lost()
+
+    async def run(self, count: int | None = None) -> None:
+        """Send `count` packets (forever when None) at the configured rate."""
+        loop = asyncio.get_running_loop()
+        try:
+            transport, _ = await loop.create_datagram_endpoint(lambda: self, remote_addr=(self.address, self.port))
+        except OSError as exc:
+            self.sink.failure(reason_of_oserror(exc))
+            raise
+        try:
+            interval = 1 / self.rate
+            due = loop.time()
+            while count is None or self._seq < count:
+                await asyncio.sleep(max(0.0, due - loop.time()))
+                due = max(due + interval, loop.time() - 1.0)  # catch up a little, never a burst
+                now = time.perf_counter()
+                self._expire(now)
+                self._outstanding[self._seq] = now
+                transport.sendto(packet(self._seq, self.size, time.monotonic_ns()))
+                self.sink.sent(self.size)
+                self._seq += 1
+            # One-shot: wait for the last echoes, then count what is missing as lost.
+            deadline = loop.time() + self.timeout
+            while self._outstanding and loop.time() < deadline:
+                await asyncio.sleep(min(0.05, self.timeout))
+            self._expire(time.perf_counter(), everything=True)
+        finally:
+            transport.close()
+
+
+class EchoResponder(asyncio.DatagramProtocol):
+    """Echoes probe datagrams from allowed sources, at a capped rate per source."""
+
+    def __init__(self, allow: AllowList, max_pps_per_source: float, count: Callable[[str], None]):
+        self.allow = allow
+        self.max_pps = max_pps_per_source
+        self.count = count
+        self._buckets: dict[str, tuple[float, float]] = {}  # source -> (tokens, last refill)
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # always a datagram transport here
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        if self.transport is None:
+            return
+        if data[:4] != MAGIC or len(data) < HEADER.size:
+            self.count("malformed")
+            return
+        source = addr[0]
+        if not self.allow.allows(source):
+            self.count("not_allowed")
+            _, seq, _ = HEADER.unpack_from(data)
+            self.transport.sendto(REFUSAL.pack(REFUSED, seq), addr)
+            return
+        if not self._take_token(source):
+            self.count("rate_limited")
+            return
+        self.count("accepted")
+        self.transport.sendto(data, addr)
+
+    def _take_token(self, source: str) -> bool:
+        now = time.monotonic()
+        tokens, last = self._buckets.get(source, (self.max_pps, now))
+        tokens = min(self.max_pps, tokens + (now - last) * self.max_pps)
+        if len(self._buckets) > 10000:  # bounded memory under a spray of sources
+            self._buckets.clear()
+        if tokens < 1:
+            self._buckets[source] = (tokens, now)
+            return False
+        self._buckets[source] = (tokens - 1, now)
+        return True
+
+    async def start(self, host: str, port: int) -> asyncio.DatagramTransport:
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_datagram_endpoint(lambda: self, local_addr=(host, port), reuse_port=False)
+        return transport

@@ -1,0 +1,69 @@
+"""Configuration files derived from a lab topology: one exporter config per host,
+and the Prometheus scrape config with region/zone/host as target labels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .topology import Topology, address, resolve
+
+METRICS_PORT = 9469
+
+
+def exporter_config(topo: Topology, host_name: str, state_dir: Path, slot_seconds: float,
+                    probe_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    paths = resolve(topo)
+    index = {h.name: i for i, h in enumerate(topo.hosts, start=1)}
+    me = next(h for h in topo.hosts if h.name == host_name)
+    peers = []
+    for other in topo.hosts:
+        if other.name == host_name:
+            continue
+        peers.append({
+            "name": other.name,
+            "address": address(index[other.name]),
+            "region": other.region,
+            "zone": other.zone,
+            "instance_type": other.instance_type,
+            "path_class": paths[(host_name, other.name)].path_class.value,
+        })
+    probes: dict[str, Any] = {
+        "throughput": {"protocols": ["tcp"], "streams": [1, 4], "duration_seconds": 3, "omit_seconds": 1},
+        "rtt": {"interval_seconds": 0.1},
+        "loss": {"rate_pps": 20},
+    }
+    for key, value in (probe_overrides or {}).items():
+        probes[key] = {**probes.get(key, {}), **value}
+    cfg: dict[str, Any] = {
+        "host": {"name": me.name, "address": address(index[me.name]), "region": me.region, "zone": me.zone,
+                 "instance_type": me.instance_type},
+        "peers": peers,
+        "probes": probes,
+        "schedule": {"slot_seconds": slot_seconds, "jitter_seconds": 1, "timeout_margin_seconds": 3},
+        "web": {"listen": f"{address(index[me.name])}:{METRICS_PORT}"},
+        "budget": {"daily_bytes": "200GB", "state_file": str(state_dir / f"{me.name}-budget.json")},
+        "limits_scale": topo.scale,
+    }
+    if me.tcp_rmem_max:
+        cfg["tcp_rmem_max_bytes"] = me.tcp_rmem_max
+    return cfg
+
+
+def scrape_targets(topo: Topology) -> list[dict[str, Any]]:
+    """Prometheus static/file_sd targets: the source host's region and zone are target labels."""
+    return [
+        {"targets": [f"{address(i)}:{METRICS_PORT}"],
+         "labels": {"host": h.name, "region": h.region, "zone": h.zone}}
+        for i, h in enumerate(topo.hosts, start=1)
+    ]  # fmt: skip
+
+
+def prometheus_config(topo: Topology, rule_files: list[str], alertmanager: str,
+                      interval: str = "5s") -> dict[str, Any]:
+    return {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        "rule_files": rule_files,
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
+        "scrape_configs": [{"job_name": "pathprobe", "static_configs": scrape_targets(topo)}],
+    }

@@ -1,0 +1,232 @@
+"""`pathprobe demo`: the lab, one exporter per lab host, a real Prometheus and
+Alertmanager, a webhook receiver that logs alerts to a file, and a live table."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.server
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import net, topology
+from .configs import exporter_config, prometheus_config
+
+WEBHOOK_PORT = 9099
+
+
+def repo_dir(name: str) -> Path | None:
+    """A folder of the pathprobe repository (alerts/, dashboards/), when running from a checkout."""
+    here = Path(__file__).resolve()
+    for base in (Path.cwd(), *here.parents):
+        if (base / name).is_dir() and (base / "exporter").is_dir():
+            return base / name
+    return None
+
+
+def binary(*names: str) -> str:
+    for name in names:
+        path = shutil.which(name)
+        if path:
+            return path
+    raise SystemExit(f"pathprobe demo: none of {', '.join(names)} is installed (apt-get install prometheus "
+                     "prometheus-alertmanager)")
+
+
+class _Webhook(http.server.BaseHTTPRequestHandler):
+    log_file: Path
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        with self.log_file.open("ab") as f:
+            f.write(body.replace(b"\n", b" ") + b"\n")
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass
+
+
+def start_webhook(log_file: Path, port: int) -> http.server.HTTPServer:
+    handler = type("Webhook", (_Webhook,), {"log_file": log_file})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def alertmanager_config(webhook_url: str) -> dict[str, Any]:
+    """The demo's Alertmanager: the project's routing when present, every receiver a webhook to the log."""
+    base = repo_dir("alerts")
+    if base and (base / "alertmanager.yml").exists():
+        cfg = yaml.safe_load((base / "alertmanager.yml").read_text())
+        for receiver in cfg.get("receivers", []):
+            name = receiver["name"]
+            receiver.clear()
+            receiver.update({"name": name, "webhook_configs": [{"url": webhook_url, "send_resolved": True}]})
+        cfg.pop("global", None)
+        return cfg
+    return {
+        "route": {"receiver": "log", "group_by": ["alertname", "region"], "group_wait": "5s",
+                  "group_interval": "10s", "repeat_interval": "1h"},
+        "receivers": [{"name": "log", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
+    }
+
+
+def wait_ready(url: str, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        time.sleep(0.5)
+    raise SystemExit(f"pathprobe demo: {what} did not become ready at {url} in {timeout:g} s")
+
+
+def query(prom: str, expr: str) -> list[dict[str, Any]]:
+    url = f"{prom}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.load(r)["data"]["result"]  # type: ignore[no-any-return]
+
+
+def _by_path(prom: str, expr: str) -> dict[tuple[str, str], float]:
+    out = {}
+    with contextlib.suppress(OSError, KeyError, ValueError):
+        for s in query(prom, expr):
+            out[(s["metric"].get("host", ""), s["metric"].get("peer", ""))] = float(s["value"][1])
+    return out
+
+
+TABLE_QUERIES = {
+    "gbps_1": 'max by (host, peer) (pathprobe_throughput_bytes_per_second{streams="1",direction="send"}) * 8 / 1e9',
+    "gbps_n": 'max by (host, peer) (pathprobe_throughput_bytes_per_second{streams!="1",direction="send"}) * 8 / 1e9',
+    "expected": 'max by (host, peer) (pathprobe_throughput_expected_bytes_per_second{streams="1",direction="send"})'
+                ' * 8 / 1e9',
+    "p50": 'histogram_quantile(0.5, sum by (host, peer, le) (rate(pathprobe_rtt_seconds_bucket{protocol="tcp"}[1m])))',
+    "p99": 'histogram_quantile(0.99, sum by (host, peer, le) (rate(pathprobe_rtt_seconds_bucket{protocol="tcp"}[1m])))',
+    "loss": "sum by (host, peer) (increase(pathprobe_udp_packets_lost_total[1m]))"
+            " / sum by (host, peer) (increase(pathprobe_udp_packets_sent_total[1m]))",
+    "age": "time() - max by (host, peer) (pathprobe_throughput_last_test_timestamp_seconds)",
+}
+
+
+def table(prom: str, topo: topology.Topology) -> str:
+    data = {k: _by_path(prom, q) for k, q in TABLE_QUERIES.items()}
+    firing = []
+    with contextlib.suppress(OSError, KeyError, ValueError):
+        firing = [a for a in json.load(urllib.request.urlopen(f"{prom}/api/v1/alerts", timeout=5))["data"]["alerts"]
+                  if a["state"] == "firing"]
+
+    def f(key: str, path: tuple[str, str], fmt: str, scale: float = 1) -> str:
+        v = data[key].get(path)
+        return "-" if v is None or v != v else format(v * scale, fmt)  # v != v: NaN
+
+    lines = [f"{'path':32} {'Gbit/s 1 flow':>13} {'N flows':>8} {'expected':>9} {'RTT p50':>9} {'p99':>8} "
+             f"{'loss':>7} {'last test':>10}"]
+    for a in topo.hosts:
+        for b in topo.hosts:
+            if a is b:
+                continue
+            p = (a.name, b.name)
+            lines.append(f"{a.name + ' -> ' + b.name:32} {f('gbps_1', p, '.3f'):>13} {f('gbps_n', p, '.3f'):>8} "
+                         f"{f('expected', p, '.3f'):>9} {f('p50', p, '.2f', 1e3) + ' ms':>9} "
+                         f"{f('p99', p, '.2f', 1e3) + ' ms':>8} {f('loss', p, '.2%'):>7} {f('age', p, '.0f') + ' s':>10}")
+    lines.append(f"firing alerts: {', '.join(sorted({a['labels']['alertname'] for a in firing})) or 'none'}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    if net.State.load() is not None or net._namespaces():
+        print("cleaning up a previous lab:")
+        for line in net.down():
+            print("  " + line)
+    topo = topology.load(args.topology)
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    webhook = None
+    try:
+        try:
+            net.up(topo)
+        except net.LabError as exc:
+            raise SystemExit(f"pathprobe demo: {exc}") from exc
+        exporters = start_exporters(topo, work, args.slot_seconds)
+        alert_log = work / "alerts.log"
+        alert_log.touch()
+        webhook = start_webhook(alert_log, WEBHOOK_PORT)
+        prom, am = start_monitoring(topo, work, args.prometheus_port, args.alertmanager_port)
+        print(f"Prometheus:   {prom}\nAlertmanager: http://127.0.0.1:{args.alertmanager_port}\n"
+              f"Alerts log:   {alert_log}\nExporters:    " + ", ".join(f"http://{t}/metrics" for t in exporters)
+              + "\nCtrl-C stops and cleans up everything.", flush=True)
+        deadline = time.monotonic() + args.duration if args.duration else None
+        tty = sys.stdout.isatty()
+        while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            if net.ensure_delay_line(net.State.load() or net.State({}, {})):
+                print("delay line had died: restarted", flush=True)
+            out = table(prom, topo)
+            print(("\x1b[H\x1b[2J" if tty else "\n") + time.strftime("%H:%M:%S ") + prom + "\n" + out, flush=True)
+            stop.wait(5 if tty else 30)
+    finally:
+        if webhook is not None:
+            webhook.shutdown()
+        print("\nstopping:")
+        for line in net.down():
+            print("  " + line)
+    return 0
+
+
+def start_exporters(topo: topology.Topology, work: Path, slot_seconds: float) -> list[str]:
+    targets = []
+    for h in topo.hosts:
+        cfg = exporter_config(topo, h.name, work, slot_seconds)
+        path = work / f"{h.name}.yaml"
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        log = (work / f"{h.name}.log").open("ab")
+        proc = subprocess.Popen(net.in_ns(net.ns(h.name), [sys.executable, "-m", "pathprobe", "run", "--config",
+                                                          str(path)]),
+                                stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        net.register(proc.pid, f"exporter {h.name}")
+        targets.append(cfg["web"]["listen"])
+    for t in targets:
+        wait_ready(f"http://{t}/metrics", f"exporter {t}", timeout=30)
+    return targets
+
+
+def start_monitoring(topo: topology.Topology, work: Path, prom_port: int, am_port: int) -> tuple[str, str]:
+    rules = sorted(str(p) for p in (repo_dir("alerts") or Path("/nonexistent")).glob("*.rules.yml"))
+    am_addr = f"127.0.0.1:{am_port}"
+    (work / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config(topo, rules, am_addr), sort_keys=False))
+    (work / "alertmanager.yml").write_text(
+        yaml.safe_dump(alertmanager_config(f"http://127.0.0.1:{WEBHOOK_PORT}/alerts"), sort_keys=False))
+    for d in ("prometheus-data", "alertmanager-data"):
+        shutil.rmtree(work / d, ignore_errors=True)
+    am_log = (work / "alertmanager.log").open("ab")
+    am = subprocess.Popen([binary("prometheus-alertmanager", "alertmanager"),
+                           f"--config.file={work / 'alertmanager.yml'}", f"--storage.path={work / 'alertmanager-data'}",
+                           f"--web.listen-address={am_addr}", "--cluster.listen-address="],
+                          stdout=am_log, stderr=am_log, stdin=subprocess.DEVNULL, start_new_session=True)
+    net.register(am.pid, "alertmanager")
+    prom_log = (work / "prometheus.log").open("ab")
+    prom = subprocess.Popen([binary("prometheus"), f"--config.file={work / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={work / 'prometheus-data'}",
+                             f"--web.listen-address=127.0.0.1:{prom_port}", "--web.enable-lifecycle"],
+                            stdout=prom_log, stderr=prom_log, stdin=subprocess.DEVNULL, start_new_session=True)
+    net.register(prom.pid, "prometheus")
+    prom_url = f"http://127.0.0.1:{prom_port}"
+    wait_ready(f"{prom_url}/-/ready", "Prometheus")
+    wait_ready(f"http://{am_addr}/-/ready", "Alertmanager")
+    return prom_url, f"http://{am_addr}"

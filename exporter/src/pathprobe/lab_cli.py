@@ -1,0 +1,157 @@
+"""`pathprobe lab ...` and `pathprobe demo`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from .lab import net, topology
+from .lab.topology import PathSpec
+from .units import parse_duration, parse_quantity, parse_ratio
+
+
+def add_parsers(sub: Any) -> None:
+    lab = sub.add_parser("lab", help="several regions on one machine (network namespaces)")
+    cmds = lab.add_subparsers(required=True, metavar="ACTION")
+
+    u = cmds.add_parser("up", help="build the lab's hosts and paths")
+    u.add_argument("--topology", help="topology YAML (default: Tokyo, Osaka, Singapore)")
+    u.set_defaults(func=cmd_up)
+
+    d = cmds.add_parser("down", help="remove every namespace, rule and process of the lab")
+    d.set_defaults(func=cmd_down)
+
+    s = cmds.add_parser("status", help="hosts, paths and processes")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_status)
+
+    e = cmds.add_parser("exec", help="run a command inside a lab host: lab exec HOST -- CMD...")
+    e.add_argument("host")
+    e.add_argument("command", nargs=argparse.REMAINDER)
+    e.set_defaults(func=cmd_exec)
+
+    i = cmds.add_parser("impair", help="change one directed path live (SRC -> DST)")
+    i.add_argument("src")
+    i.add_argument("dst")
+    i.add_argument("--rate", help="e.g. 100M; 'none' removes the limit")
+    i.add_argument("--delay", help="one-way delay, e.g. 40ms")
+    i.add_argument("--loss", help="e.g. 2%%")
+    i.set_defaults(func=cmd_impair)
+
+    r = cmds.add_parser("restore", help="put a path back as the topology has it")
+    r.add_argument("src")
+    r.add_argument("dst")
+    r.set_defaults(func=cmd_restore)
+
+    c = cmds.add_parser("check-topology", help="validate a topology file")
+    c.add_argument("file")
+    c.set_defaults(func=lambda a: print(f"{a.file}: ok ({len(topology.load(a.file).hosts)} hosts)") or 0)
+
+    demo = sub.add_parser("demo", help="lab + exporters + Prometheus + Alertmanager, with a live table")
+    demo.add_argument("--topology")
+    demo.add_argument("--prometheus-port", type=int, default=9090)
+    demo.add_argument("--alertmanager-port", type=int, default=9093)
+    demo.add_argument("--slot-seconds", type=float, default=40)
+    demo.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0: until Ctrl-C)")
+    demo.add_argument("--workdir", default="/var/tmp/pathprobe-demo")
+    demo.set_defaults(func=cmd_demo)
+
+
+def _state() -> net.State:
+    state = net.State.load()
+    if state is None:
+        raise SystemExit("pathprobe: no lab is up (run `pathprobe lab up`)")
+    return state
+
+
+def _run(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except net.LabError as exc:
+        raise SystemExit(f"pathprobe lab: {exc}") from exc
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    topo = topology.load(args.topology)
+    _run(net.up, topo)
+    print_status(net.status())
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    for line in net.down():
+        print(line)
+    print("lab is down")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    st = net.status()
+    if args.json:
+        print(json.dumps(st, indent=2))
+    else:
+        print_status(st)
+    return 0 if st["up"] else 1
+
+
+def print_status(st: dict[str, Any]) -> None:
+    if not st["up"]:
+        left = st.get("namespaces_left_over")
+        print("lab is down" + (f"; left over: {', '.join(left)} (run `pathprobe lab down`)" if left else ""))
+        return
+    print(f"lab is up (scale: AWS Gbps = lab Gbit/s x {st['scale']:g})")
+    for h in st["hosts"]:
+        print(f"  {h['name']:14} {h['address']:14} {h['region']:16} {h['zone']:18}"
+              f"{'' if h['present'] else ' NAMESPACE MISSING'}")
+    print("  paths:")
+    for p in st["paths"]:
+        print(f"    {p['src']:>14} -> {p['dst']:14} {PathSpec(**_spec_fields(p)).describe()}  [{p['path_class']}]")
+    for proc in st["processes"]:
+        print(f"  {proc['what']}: pid {proc['pid']} {'alive' if proc['alive'] else 'DEAD'}")
+
+
+def _spec_fields(p: dict[str, Any]) -> dict[str, Any]:
+    return {k: p[k] for k in ("rate", "one_way_delay", "loss", "path_class")}
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise SystemExit("pathprobe lab exec: give a command after --")
+    _state().index(args.host)
+    os.execvp("ip", ["ip", "netns", "exec", net.ns(args.host), *command])
+    return 0  # not reached
+
+
+def cmd_impair(args: argparse.Namespace) -> int:
+    state = _state()
+    current = state.spec(args.src, args.dst) if f"{args.src}>{args.dst}" in state.paths else None
+    if current is None:
+        raise SystemExit(f"pathprobe lab: no path {args.src} -> {args.dst}")
+    try:
+        rate = current.rate
+        if args.rate is not None:
+            rate = None if args.rate == "none" else parse_quantity(args.rate, "--rate")
+        delay = parse_duration(args.delay, "--delay") if args.delay is not None else current.one_way_delay
+        loss = parse_ratio(args.loss, "--loss") if args.loss is not None else current.loss
+    except ValueError as exc:
+        raise SystemExit(f"pathprobe lab impair: {exc}") from exc
+    spec = PathSpec(rate, delay, loss, current.path_class)
+    _run(net.set_path, state, args.src, args.dst, spec)
+    print(f"{args.src} -> {args.dst}: {spec.describe()}")
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    spec = _run(net.restore, _state(), args.src, args.dst)
+    print(f"{args.src} -> {args.dst}: {spec.describe()} (as in the topology)")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .lab import demo  # noqa: PLC0415
+
+    return demo.run(args)
+

@@ -1,0 +1,98 @@
+"""A mesh-wide throughput schedule that every exporter derives on its own.
+
+The hosts (this one and all its peers) are sorted by name and paired by the
+circle method of a round-robin tournament: in each round every host meets at
+most one other, and over one rotation every pair meets exactly once. Time is cut
+into slots of `slot_seconds` since the Unix epoch; slot k plays round k mod R.
+Within a slot the two hosts of a pair take turns as the iperf3 client, one half
+each, so that no host is ever in two throughput tests at once, anywhere in the
+mesh, without a coordinator. Exporters only need the same member list, the same
+slot length and clocks that agree to well under the jitter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import cached_property
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One host's client turn: test `peer` from `start` to `end` (Unix seconds)."""
+
+    slot: int
+    peer: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Schedule:
+    members: tuple[str, ...]
+    slot_seconds: float
+
+    @classmethod
+    def of(cls, members: list[str], slot_seconds: float) -> Schedule:
+        if len(set(members)) != len(members):
+            raise ValueError("schedule members must be unique")
+        return cls(tuple(sorted(members)), slot_seconds)
+
+    @cached_property
+    def rounds(self) -> tuple[tuple[tuple[str, str], ...], ...]:
+        players: list[str | None] = list(self.members)
+        if len(players) % 2:
+            players.append(None)  # a bye
+        n = len(players)
+        fixed, rest = players[0], players[1:]
+        out = []
+        for r in range(n - 1):
+            order = [fixed, *rest[r:], *rest[:r]]
+            pairs = []
+            for i in range(n // 2):
+                a, b = order[i], order[n - 1 - i]
+                if a is not None and b is not None:
+                    pairs.append((min(a, b), max(a, b)))
+            out.append(tuple(pairs))
+        return tuple(out)
+
+    @property
+    def rotation_seconds(self) -> float:
+        return len(self.rounds) * self.slot_seconds
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """Short hash of members and slot length: equal on every host of a consistent mesh."""
+        text = f"{self.slot_seconds:g}|" + ",".join(self.members)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def partner(self, host: str, slot: int) -> str | None:
+        for a, b in self.rounds[slot % len(self.rounds)]:
+            if host == a:
+                return b
+            if host == b:
+                return a
+        return None
+
+    def turn(self, host: str, slot: int) -> Turn | None:
+        """This host's client turn in `slot`, or None when it sits out."""
+        peer = self.partner(host, slot)
+        if peer is None:
+            return None
+        # The pair alternates who goes first from one rotation to the next.
+        rotation = slot // len(self.rounds)
+        first = min(host, peer) if rotation % 2 == 0 else max(host, peer)
+        start = slot * self.slot_seconds
+        half = self.slot_seconds / 2
+        if host != first:
+            start += half
+        return Turn(slot, peer, start, start + half)
+
+    def next_turn(self, host: str, now: float) -> Turn | None:
+        """The first turn of `host` that has not ended at `now`."""
+        slot = int(now // self.slot_seconds)
+        for s in range(slot, slot + len(self.rounds) + 1):
+            t = self.turn(host, s)
+            if t is not None and t.end > now:
+                return t
+        return None
