@@ -11,7 +11,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, IPvAnyAddress, IPvAnyNetwork, model_validator
 
 from . import yamlfile
 from .units import parse_quantity
@@ -38,7 +38,7 @@ class Strict(BaseModel):
 
 class Host(Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    address: ipaddress.IPv4Address | ipaddress.IPv6Address
+    address: IPvAnyAddress
     region: str = Field(min_length=1)
     zone: str = ""
     instance_type: str = ""
@@ -106,7 +106,7 @@ class Limits(Strict):
 
 class Peer(Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    address: ipaddress.IPv4Address | ipaddress.IPv6Address
+    address: IPvAnyAddress
     region: str = Field(min_length=1)
     zone: str = ""
     path_class: PathClass
@@ -137,11 +137,11 @@ class Iperf3Settings(Strict):
 
 
 class Responders(Strict):
-    listen: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.IPv4Address("0.0.0.0")
+    listen: IPvAnyAddress = ipaddress.IPv4Address("0.0.0.0")
     rr_port: int = Field(default=9470, ge=1, le=65535)
     echo_port: int = Field(default=9470, ge=1, le=65535)
     # Addresses allowed besides the configured peers.
-    allow: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+    allow: list[IPvAnyNetwork] = []
     # Echo packets per second accepted from one source; more are dropped and counted.
     echo_max_pps_per_source: float = Field(default=2000, gt=0)
     rr_max_connections_per_source: int = Field(default=4, ge=1)

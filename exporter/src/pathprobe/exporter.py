@@ -165,7 +165,7 @@ class Exporter:
                 self.m.skipped.labels(peer.name, "budget").inc()
                 continue
             while True:
-                if self.clock() + test.timeout_budget + margin > deadline:
+                if self.clock() + test.max_seconds(margin) > deadline:
                     self.m.skipped.labels(peer.name, "slot_over").inc()
                     break
                 try:
@@ -178,6 +178,8 @@ class Exporter:
                         continue
                     break
                 self._record(peer, key, result)
+                log.info("throughput -> %s %s x%s %s: %.4g Mbit/s", peer.name, protocol, streams, direction,
+                         result.receiver_bytes_per_second * 8e-6)
                 break
 
     def _test(self, peer: Peer, s: ThroughputSettings, protocol: str, streams: int, direction: str) -> iperf.ThroughputTest:

@@ -71,9 +71,9 @@ class ThroughputTest:
             env["IPERF3_PASSWORD"] = self.password_file.read_text().strip()
         return env
 
-    @property
-    def timeout_budget(self) -> float:
-        return self.omit_seconds + self.duration_seconds + self.connect_timeout_seconds
+    def max_seconds(self, margin_seconds: float) -> float:
+        """The longest a test may take before it is killed (connecting included in the margin)."""
+        return self.omit_seconds + self.duration_seconds + margin_seconds
 
 
 def classify_error(message: str) -> Reason:
@@ -161,13 +161,13 @@ async def run(test: ThroughputTest, binary: str = "iperf3", margin_seconds: floa
     except FileNotFoundError as exc:
         raise ProbeFailure("error", f"iperf3 binary not found: {binary}") from exc
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), test.timeout_budget + margin_seconds)
+        out, err = await asyncio.wait_for(proc.communicate(), test.max_seconds(margin_seconds))
     except (TimeoutError, asyncio.CancelledError) as exc:
         _kill_group(proc.pid)
         await proc.wait()
         if isinstance(exc, asyncio.CancelledError):
             raise
-        raise ProbeFailure("timeout", f"iperf3 did not finish within {test.timeout_budget + margin_seconds:g} s") from exc
+        raise ProbeFailure("timeout", f"iperf3 did not finish within {test.max_seconds(margin_seconds):g} s") from exc
     if not out.strip():
         raise ProbeFailure("error", f"iperf3 exited {proc.returncode} with no output: {err.decode(errors='replace')[:200]}")
     return parse(out, test)

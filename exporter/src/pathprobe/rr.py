@@ -138,6 +138,8 @@ class RrResponder:
                     del self._open[source]
         except (OSError, asyncio.IncompleteReadError, TimeoutError):
             pass
+        except asyncio.CancelledError:
+            pass  # the exporter is stopping: this connection ends with it
         finally:
             writer.close()
 

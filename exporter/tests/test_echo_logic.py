@@ -1,0 +1,99 @@
+"""UDP echo accounting (pure logic: datagrams fed straight to the protocol object)."""
+
+import time
+
+import pytest
+
+from pathprobe.cli import ReportSink
+from pathprobe.echo import REFUSAL, REFUSED, EchoClient, EchoResponder, packet
+from pathprobe.allow import AllowList
+from pathprobe.results import RttReport
+
+
+def client(timeout: float = 1.0) -> tuple[EchoClient, RttReport]:
+    report = RttReport("udp", 0.01, 64)
+    return EchoClient("198.18.1.2", 9470, 100, 64, timeout, ReportSink(report)), report
+
+
+def send(c: EchoClient, seq: int, at: float) -> None:
+    c._outstanding[seq] = at
+    c.sink.sent(64)
+
+
+def test_loss_duplicates_reordering_and_late_echoes() -> None:
+    c, r = client(timeout=1.0)
+    now = time.perf_counter()
+    for seq in range(5):
+        send(c, seq, now)
+    c.datagram_received(packet(0, 64, 0), ("x", 1))
+    c.datagram_received(packet(2, 64, 0), ("x", 1))
+    c.datagram_received(packet(1, 64, 0), ("x", 1))  # older than 2: reordered
+    c.datagram_received(packet(1, 64, 0), ("x", 1))  # again: duplicate
+    c._expire(now + 2.0)  # 3 and 4 time out
+    c.datagram_received(packet(4, 64, 0), ("x", 1))  # after its timeout: late, not received
+    assert (r.sent, r.received, r.lost, r.reordered, r.duplicates, r.late) == (5, 3, 2, 1, 1, 1)
+
+
+def test_nothing_is_lost_before_its_timeout() -> None:
+    c, r = client(timeout=1.0)
+    now = time.perf_counter()
+    send(c, 0, now)
+    c._expire(now + 0.5)
+    assert r.lost == 0
+    c._expire(now + 1.01)
+    assert r.lost == 1
+
+
+def test_refusal_is_not_allowed_not_loss() -> None:
+    c, r = client()
+    send(c, 7, time.perf_counter())
+    c.datagram_received(REFUSAL.pack(REFUSED, 7), ("x", 1))
+    c._expire(time.perf_counter() + 10)
+    assert r.failures == {"not_allowed": 1} and r.lost == 0
+
+
+def test_garbage_datagrams_are_ignored() -> None:
+    c, r = client()
+    c.datagram_received(b"hello", ("x", 1))
+    c.datagram_received(b"PPUE", ("x", 1))
+    assert r.received == 0
+
+
+def test_jitter_follows_rtt_changes() -> None:
+    c, r = client()
+    base = time.perf_counter()
+    for seq in range(3):
+        send(c, seq, base - 0.010 * (seq + 1))  # RTTs about 10, 20, 30 ms
+        c.datagram_received(packet(seq, 64, 0), ("x", 1))
+    assert r.jitter_seconds == pytest.approx(0.010 / 16 + (0.010 - 0.010 / 16) / 16, rel=0.05)
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, tuple[str, int]]] = []
+
+    def sendto(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.sent.append((data, addr))
+
+
+def test_responder_allows_refuses_and_rate_limits() -> None:
+    counts: list[str] = []
+    resp = EchoResponder(AllowList(["198.18.1.0/24"]), max_pps_per_source=5, count=counts.append)
+    t = FakeTransport()
+    resp.connection_made(t)  # type: ignore[arg-type]
+    for seq in range(8):
+        resp.datagram_received(packet(seq, 64, 0), ("198.18.1.2", 4000))
+    resp.datagram_received(packet(0, 64, 0), ("198.19.9.9", 4000))
+    resp.datagram_received(b"junk", ("198.18.1.2", 4000))
+    assert counts.count("accepted") == 5 and counts.count("rate_limited") == 3
+    assert counts.count("not_allowed") == 1 and counts.count("malformed") == 1
+    refusal = t.sent[-1][0]
+    assert refusal[:4] == REFUSED and len(refusal) < 64  # never amplifies
+
+
+def test_allow_list_handles_mapped_ipv6_and_junk() -> None:
+    allow = AllowList(["198.18.0.0/15", "2001:db8::/32"])
+    assert allow.allows("::ffff:198.18.3.4")
+    assert allow.allows("2001:db8::1")
+    assert not allow.allows("198.20.0.1")
+    assert not allow.allows("not-an-address")

@@ -1,0 +1,89 @@
+"""iperf3 -J parsing, on outputs captured from real iperf3 3.12 runs."""
+
+from pathlib import Path
+
+import pytest
+
+from pathprobe.iperf import ThroughputTest, classify_error, parse
+from pathprobe.results import ProbeFailure
+
+FIXTURES = Path(__file__).parent / "fixtures" / "iperf3"
+
+
+def load(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def test_tcp_two_streams() -> None:
+    test = ThroughputTest("127.0.0.1", streams=2, duration_seconds=1, omit_seconds=0)
+    r = parse(load("tcp_2streams.json"), test, now=123.0)
+    assert r.receiver_bytes_per_second == pytest.approx(400488749.89 / 8)
+    assert r.sender_bytes_per_second == pytest.approx(400510774.28 / 8)
+    assert r.retransmits == 0
+    assert r.bytes_transferred == 50069504
+    assert (r.protocol, r.streams, r.direction, r.timestamp) == ("tcp", 2, "send", 123.0)
+    assert r.udp_loss_ratio is None
+    assert r.iperf3_version == "iperf 3.12"
+
+
+def test_tcp_reverse_keeps_direction() -> None:
+    r = parse(load("tcp_reverse.json"), ThroughputTest("127.0.0.1", direction="receive"))
+    assert r.direction == "receive"
+    assert r.receiver_bytes_per_second == pytest.approx(100654035.83 / 8)
+
+
+def test_udp_reads_receiver_loss_and_jitter() -> None:
+    r = parse(load("udp.json"), ThroughputTest("127.0.0.1", protocol="udp", udp_bitrate=50e6))
+    assert r.udp_packets == 191
+    assert r.udp_lost == 0
+    assert r.udp_loss_ratio == 0.0
+    assert r.jitter_seconds == pytest.approx(0.011383867 / 1000)
+    assert r.retransmits is None
+    assert r.target_bits_per_second == 50e6
+
+
+@pytest.mark.parametrize(
+    ("fixture", "reason"), [("busy.json", "busy"), ("refused.json", "refused"), ("garbage.txt", "error")]
+)
+def test_failures_are_classified(fixture: str, reason: str) -> None:
+    with pytest.raises(ProbeFailure) as info:
+        parse(load(fixture), ThroughputTest("127.0.0.1"))
+    assert info.value.reason == reason
+
+
+def test_truncated_json_is_an_error_not_a_crash() -> None:
+    with pytest.raises(ProbeFailure) as info:
+        parse(load("tcp_2streams.json")[:500], ThroughputTest("127.0.0.1"))
+    assert info.value.reason == "error"
+
+
+def test_json_without_end_section_is_an_error() -> None:
+    with pytest.raises(ProbeFailure, match="expected field"):
+        parse('{"start": {}, "end": {}}', ThroughputTest("127.0.0.1"))
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        ("unable to connect to server: No route to host", "unreachable"),
+        ("unable to connect to server: Network is unreachable", "unreachable"),
+        ("unable to connect to server: Connection timed out", "timeout"),
+        ("test authorization failed", "not_allowed"),
+        ("something new", "error"),
+    ],
+)
+def test_classify_error(message: str, reason: str) -> None:
+    assert classify_error(message) == reason
+
+
+def test_command_line_carries_every_setting() -> None:
+    t = ThroughputTest("198.18.2.2", port=5202, protocol="udp", streams=4, direction="receive",
+                       duration_seconds=3, omit_seconds=1, udp_bitrate=400e6, window_bytes=4 << 20)
+    cmd = t.command("iperf3")
+    assert cmd[:5] == ["iperf3", "-c", "198.18.2.2", "-p", "5202"]
+    assert "-R" in cmd and "-u" in cmd
+    # -b is per stream in iperf3: the configured total is split.
+    assert cmd[cmd.index("-b") + 1] == "100000000"
+    assert cmd[cmd.index("-P") + 1] == "4"
+    assert cmd[cmd.index("-w") + 1] == str(4 << 20)
+    assert "-C" not in cmd  # congestion control applies to TCP only

@@ -1,0 +1,67 @@
+"""The mesh schedule: no host in two throughput tests at once, every pair met."""
+
+import itertools
+
+import pytest
+
+from pathprobe.schedule import Schedule
+
+
+def hosts(n: int) -> list[str]:
+    return [f"host-{i:03d}" for i in range(n)]
+
+
+@pytest.mark.parametrize("n", [*range(2, 21), 47, 100, 199, 200])
+def test_every_pair_meets_once_per_rotation(n: int) -> None:
+    s = Schedule.of(hosts(n), 60)
+    met = [pair for rnd in s.rounds for pair in rnd]
+    assert len(met) == len(set(met)) == n * (n - 1) // 2
+    assert len(s.rounds) == (n - 1 if n % 2 == 0 else n)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 17, 64, 200])
+def test_no_host_in_two_tests_at_once(n: int) -> None:
+    s = Schedule.of(hosts(n), 60)
+    for slot in range(2 * len(s.rounds)):  # two rotations: the first client alternates
+        busy: dict[tuple[float, float], list[str]] = {}
+        for h in s.members:
+            turn = s.turn(h, slot)
+            if turn is None:
+                continue
+            # A client turn occupies the client and its server for that half-slot.
+            busy.setdefault((turn.start, turn.end), []).extend([h, turn.peer])
+        for window, involved in busy.items():
+            assert len(involved) == len(set(involved)), f"slot {slot} {window}: {involved}"
+
+
+@pytest.mark.parametrize("n", [2, 5, 12])
+def test_both_hosts_of_a_pair_get_one_half_each(n: int) -> None:
+    s = Schedule.of(hosts(n), 60)
+    for slot in range(len(s.rounds)):
+        for a, b in s.rounds[slot % len(s.rounds)]:
+            ta, tb = s.turn(a, slot), s.turn(b, slot)
+            assert ta is not None and tb is not None
+            assert (ta.peer, tb.peer) == (b, a)
+            assert {ta.start, tb.start} == {slot * 60, slot * 60 + 30}
+            assert ta.end - ta.start == tb.end - tb.start == 30
+
+
+def test_every_exporter_derives_the_same_schedule_from_any_order() -> None:
+    names = hosts(9)
+    orders = [Schedule.of(list(p), 45) for p in itertools.islice(itertools.permutations(names), 50)]
+    assert len({o.rounds for o in orders}) == 1
+    assert len({o.fingerprint for o in orders}) == 1
+    assert Schedule.of(names, 46).fingerprint != orders[0].fingerprint
+
+
+def test_next_turn_is_the_first_not_yet_ended() -> None:
+    s = Schedule.of(hosts(4), 60)
+    t = s.next_turn("host-000", 1_000_000.0)
+    assert t is not None and t.end > 1_000_000.0
+    later = s.next_turn("host-000", t.end)
+    assert later is not None and later.start >= t.end
+
+
+def test_duplicate_members_are_refused() -> None:
+    with pytest.raises(ValueError, match="unique"):
+        Schedule.of(["a", "a"], 60)

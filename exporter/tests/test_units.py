@@ -1,0 +1,34 @@
+import pytest
+
+from pathprobe.units import format_bits, parse_duration, parse_quantity, parse_ratio
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("500M", 500e6), ("2G", 2e9), ("1.5k", 1500), ("4Mi", 4 * 2**20), ("40TB", 40e12), ("100Mbit", 100e6),
+    (7, 7.0), ("6291456", 6291456),
+])
+def test_quantities(text: str | int, value: float) -> None:
+    assert parse_quantity(text, "x") == value
+
+
+@pytest.mark.parametrize("bad", ["fast", "-1", "5 parsecs", True])
+def test_bad_quantities_say_what(bad: str | bool) -> None:
+    with pytest.raises(ValueError, match="rate"):
+        parse_quantity(bad, "rate")
+
+
+def test_durations_and_ratios() -> None:
+    assert parse_duration("4ms", "d") == pytest.approx(0.004)
+    assert parse_duration("250us", "d") == pytest.approx(0.00025)
+    assert parse_duration(1.5, "d") == 1.5
+    assert parse_ratio("2%", "l") == pytest.approx(0.02)
+    assert parse_ratio(0.1, "l") == 0.1
+    with pytest.raises(ValueError):
+        parse_ratio("120%", "loss")
+    with pytest.raises(ValueError):
+        parse_duration("soon", "delay")
+
+
+def test_format_bits() -> None:
+    assert format_bits(4.75e9) == "4.75 Gbit/s"
+    assert format_bits(224e6) == "224 Mbit/s"
