@@ -14,8 +14,9 @@ from pathprobe.lab import net
 def pytest_sessionstart(session: pytest.Session) -> None:
     missing = [t for t in ("iperf3", "ip", "tc", "nft", "promtool", "amtool", "prometheus") if not shutil.which(t)]
     if os.geteuid() != 0 or missing:
-        pytest.exit(f"integration tests need root and {', '.join(missing) or 'nothing else'}: "
-                    "run scripts/test.sh", returncode=3)
+        pytest.exit(
+            f"integration tests need root and {', '.join(missing) or 'nothing else'}: run scripts/test.sh", returncode=3
+        )
     net.down()  # a lab left by an interrupted run
 
 

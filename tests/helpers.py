@@ -32,8 +32,13 @@ def start_exporter(host: str, cfg: dict[str, Any], workdir: Path) -> subprocess.
     path = workdir / f"{host}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     log = (workdir / f"{host}.log").open("ab")
-    proc = subprocess.Popen(net.in_ns(net.ns(host), [*PATHPROBE, "run", "--config", str(path)]),
-                            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        net.in_ns(net.ns(host), [*PATHPROBE, "run", "--config", str(path)]),
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     net.register(proc.pid, f"exporter {host}")  # `lab down` stops it even if the test dies
     return proc
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import PATHPROBE, in_host, payload_rate, scrape, start_exporter, topology, value, wait_for
 
+from helpers import PATHPROBE, in_host, payload_rate, scrape, start_exporter, topology, value, wait_for
 from pathprobe.lab import net
 from pathprobe.lab.configs import exporter_config
 from pathprobe.lab.topology import address
@@ -30,10 +30,16 @@ MESH = ["alpha", "beta", "gamma"]  # delta is an outsider: nobody's peer
 
 
 def config(host: str, work: Path) -> dict:
-    cfg = exporter_config(TOPOLOGY, host, work, slot_seconds=16, probe_overrides={
-        "throughput": {"streams": [1], "duration_seconds": 3, "omit_seconds": 1},
-        "loss": {"rate_pps": 500},
-    })
+    cfg = exporter_config(
+        TOPOLOGY,
+        host,
+        work,
+        slot_seconds=16,
+        probe_overrides={
+            "throughput": {"streams": [1], "duration_seconds": 3, "omit_seconds": 1},
+            "loss": {"rate_pps": 500},
+        },
+    )
     cfg["peers"] = [p for p in cfg["peers"] if p["name"] in MESH]
     for p in cfg["peers"]:
         if {host, p["name"]} == {"alpha", "gamma"}:
@@ -59,14 +65,21 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 
 def test_throughput_matches_the_shaped_rate(mesh: dict) -> None:
     def result() -> float | None:
-        return value(scrape(ALPHA), "pathprobe_throughput_bytes_per_second", peer="beta", streams="1",
-                     direction="send", protocol="tcp")
+        return value(
+            scrape(ALPHA),
+            "pathprobe_throughput_bytes_per_second",
+            peer="beta",
+            streams="1",
+            direction="send",
+            protocol="tcp",
+        )
 
     got = wait_for("a throughput result alpha -> beta", result, timeout=120)
     assert got == pytest.approx(payload_rate(200e6), rel=0.05)
     s = scrape(ALPHA)
-    assert value(s, "pathprobe_throughput_last_test_timestamp_seconds", peer="beta") == pytest.approx(time.time(),
-                                                                                                      abs=120)
+    assert value(s, "pathprobe_throughput_last_test_timestamp_seconds", peer="beta") == pytest.approx(
+        time.time(), abs=120
+    )
     assert value(s, "pathprobe_probe_runs_total", probe="throughput", peer="beta", result="ok") >= 1
     assert value(s, "pathprobe_probe_bytes_sent_total", probe="throughput", peer="beta") > 0
     assert value(s, "pathprobe_throughput_settings_info", peer="beta", duration_seconds="3", omit_seconds="1") == 1
@@ -75,8 +88,9 @@ def test_throughput_matches_the_shaped_rate(mesh: dict) -> None:
 def test_rtt_histogram_and_udp_counters_fill(mesh: dict) -> None:
     def filled() -> bool:
         s = scrape(ALPHA)
-        return (value(s, "pathprobe_rtt_seconds_count", peer="beta", protocol="tcp") or 0) > 20 and \
-            (value(s, "pathprobe_udp_packets_received_total", peer="beta") or 0) > 100
+        return (value(s, "pathprobe_rtt_seconds_count", peer="beta", protocol="tcp") or 0) > 20 and (
+            value(s, "pathprobe_udp_packets_received_total", peer="beta") or 0
+        ) > 100
 
     wait_for("RTT and UDP samples for beta", filled, timeout=30)
     s = scrape(ALPHA)
@@ -86,15 +100,18 @@ def test_rtt_histogram_and_udp_counters_fill(mesh: dict) -> None:
     # 2 ms each way: the mean is at least the configured 4 ms and, idle, not far above.
     assert 0.004 <= total / count < 0.030
     assert value(s, "pathprobe_rtt_settings_info", peer="beta", protocol="tcp", interval_seconds="0.1") == 1
-    assert value(s, "pathprobe_udp_packets_sent_total", peer="beta") >= value(s, "pathprobe_udp_packets_received_total",
-                                                                              peer="beta")
+    assert value(s, "pathprobe_udp_packets_sent_total", peer="beta") >= value(
+        s, "pathprobe_udp_packets_received_total", peer="beta"
+    )
 
 
 def test_two_percent_drop_reads_as_two_percent_loss(mesh: dict) -> None:
     def counts() -> tuple[float, float]:
         s = scrape(ALPHA)
-        return (value(s, "pathprobe_udp_packets_lost_total", peer="gamma") or 0,
-                value(s, "pathprobe_udp_packets_received_total", peer="gamma") or 0)
+        return (
+            value(s, "pathprobe_udp_packets_lost_total", peer="gamma") or 0,
+            value(s, "pathprobe_udp_packets_received_total", peer="gamma") or 0,
+        )
 
     lost0, recv0 = counts()
     # 12,000 echoes at 500/s: the 1.5-2.5% band is about 3.5 standard deviations wide.
@@ -122,8 +139,10 @@ def test_outsider_is_refused_and_counted(mesh: dict) -> None:
 def test_a_peer_taken_away_becomes_counted_failures(mesh: dict) -> None:
     def failures() -> float:
         s = scrape(ALPHA)
-        return sum(value(s, "pathprobe_probe_runs_total", probe="rtt", peer="beta", result=r) or 0
-                   for r in ("refused", "timeout", "error", "unreachable"))
+        return sum(
+            value(s, "pathprobe_probe_runs_total", probe="rtt", peer="beta", result=r) or 0
+            for r in ("refused", "timeout", "error", "unreachable")
+        )
 
     before = failures()
     beta = mesh["beta"]

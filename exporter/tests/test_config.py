@@ -44,7 +44,9 @@ def test_minimal_config_gets_defaults(tmp_path: Path) -> None:
 
 
 def test_every_error_is_listed_with_line_and_path(tmp_path: Path) -> None:
-    found = problems(tmp_path, """\
+    found = problems(
+        tmp_path,
+        """\
 host:
   name: a
   address: 1.2.3
@@ -57,7 +59,8 @@ peers:
     path_class: sideways
 probes:
   rtt: {interval_seconds: -1}
-""")
+""",
+    )
     path = tmp_path / "pathprobe.yaml"
     assert f"{path}:3: host.address: value is not a valid IPv4 or IPv6 address" in found
     assert f"{path}:5: host.colour: Extra inputs are not permitted" in found
@@ -88,8 +91,12 @@ def test_slot_too_short_for_the_tests_says_what_to_set(tmp_path: Path) -> None:
 
 
 def test_rates_and_sizes_accept_units(tmp_path: Path) -> None:
-    cfg = config.load(write(tmp_path, MINIMAL + "probes: {throughput: {udp_bitrate: 2.5G, window_bytes: 4Mi}}\n"
-                            "budget: {daily_bytes: 20GB}\n"))
+    cfg = config.load(
+        write(
+            tmp_path,
+            MINIMAL + "probes: {throughput: {udp_bitrate: 2.5G, window_bytes: 4Mi}}\nbudget: {daily_bytes: 20GB}\n",
+        )
+    )
     assert cfg.probes.throughput.udp_bitrate == 2.5e9
     assert cfg.probes.throughput.window_bytes == 4 * 2**20
     assert cfg.budget.daily_bytes == 20 * 10**9
@@ -97,12 +104,14 @@ def test_rates_and_sizes_accept_units(tmp_path: Path) -> None:
 
 def test_check_config_command_exits_2_listing_errors(tmp_path: Path) -> None:
     bad = write(tmp_path, "host: {name: a}\npeers: []\n")
-    proc = subprocess.run([sys.executable, "-m", "pathprobe", "check-config", str(bad)],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pathprobe", "check-config", str(bad)], capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 2
     assert "host.address: Field required" in proc.stderr
-    ok = subprocess.run([sys.executable, "-m", "pathprobe", "check-config", str(EXAMPLE)],
-                        capture_output=True, text=True, check=False)
+    ok = subprocess.run(
+        [sys.executable, "-m", "pathprobe", "check-config", str(EXAMPLE)], capture_output=True, text=True, check=False
+    )
     assert ok.returncode == 0, ok.stderr
 
 

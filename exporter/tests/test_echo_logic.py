@@ -4,9 +4,9 @@ import time
 
 import pytest
 
+from pathprobe.allow import AllowList
 from pathprobe.cli import ReportSink
 from pathprobe.echo import REFUSAL, REFUSED, EchoClient, EchoResponder, packet
-from pathprobe.allow import AllowList
 from pathprobe.results import RttReport
 
 

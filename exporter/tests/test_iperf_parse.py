@@ -77,8 +77,17 @@ def test_classify_error(message: str, reason: str) -> None:
 
 
 def test_command_line_carries_every_setting() -> None:
-    t = ThroughputTest("198.18.2.2", port=5202, protocol="udp", streams=4, direction="receive",
-                       duration_seconds=3, omit_seconds=1, udp_bitrate=400e6, window_bytes=4 << 20)
+    t = ThroughputTest(
+        "198.18.2.2",
+        port=5202,
+        protocol="udp",
+        streams=4,
+        direction="receive",
+        duration_seconds=3,
+        omit_seconds=1,
+        udp_bitrate=400e6,
+        window_bytes=4 << 20,
+    )
     cmd = t.command("iperf3")
     assert cmd[:5] == ["iperf3", "-c", "198.18.2.2", "-p", "5202"]
     assert "-R" in cmd and "-u" in cmd

@@ -3,10 +3,19 @@ import pytest
 from pathprobe.units import format_bits, parse_duration, parse_quantity, parse_ratio
 
 
-@pytest.mark.parametrize(("text", "value"), [
-    ("500M", 500e6), ("2G", 2e9), ("1.5k", 1500), ("4Mi", 4 * 2**20), ("40TB", 40e12), ("100Mbit", 100e6),
-    (7, 7.0), ("6291456", 6291456),
-])
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("500M", 500e6),
+        ("2G", 2e9),
+        ("1.5k", 1500),
+        ("4Mi", 4 * 2**20),
+        ("40TB", 40e12),
+        ("100Mbit", 100e6),
+        (7, 7.0),
+        ("6291456", 6291456),
+    ],
+)
 def test_quantities(text: str | int, value: float) -> None:
     assert parse_quantity(text, "x") == value
 

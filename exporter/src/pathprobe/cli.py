@@ -32,8 +32,9 @@ EXIT_BAD_INPUT = 2
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:
@@ -52,8 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="run the responders only (iperf3 server, TCP RR, UDP echo)")
     s.add_argument("--listen", default="0.0.0.0", type=ipaddress.ip_address)
-    s.add_argument("--allow", action="append", default=[], type=_network, metavar="CIDR",
-                   help="source networks to answer (repeatable); default: loopback only")
+    s.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        type=_network,
+        metavar="CIDR",
+        help="source networks to answer (repeatable); default: loopback only",
+    )
     s.add_argument("--rr-port", type=int, default=9470)
     s.add_argument("--echo-port", type=int, default=9470)
     s.add_argument("--iperf3-port", type=int, default=5201)
@@ -104,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", required=True)
     run.set_defaults(func=cmd_run)
 
-    from . import lab_cli  # noqa: PLC0415
+    from . import lab_cli
 
     lab_cli.add_parsers(sub)
     return p
@@ -143,16 +150,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
         await _until_signalled(stop)
         counts: Counter[tuple[str, str]] = Counter()
         running = await start_rr_and_echo(settings, allow, lambda r, res: counts.update([(r, res)]))
-        server = asyncio.create_task(supervise_iperf3(
-            iperf3_server_command(iperf_settings, str(args.listen)), up=lambda ok: None, restarted=lambda: None))
-        print(f"pathprobe serve: iperf3 :{args.iperf3_port}, tcp rr :{args.rr_port}, udp echo :{args.echo_port}; "
-              f"answering {allow}", flush=True)
+        server = asyncio.create_task(
+            supervise_iperf3(
+                iperf3_server_command(iperf_settings, str(args.listen)), up=lambda ok: None, restarted=lambda: None
+            )
+        )
+        print(
+            f"pathprobe serve: iperf3 :{args.iperf3_port}, tcp rr :{args.rr_port}, udp echo :{args.echo_port}; "
+            f"answering {allow}",
+            flush=True,
+        )
         await stop.wait()
         server.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await server
         running.close()
-        print("requests by outcome: " + (", ".join(f"{r} {res}={n}" for (r, res), n in sorted(counts.items())) or "none"))
+        print(
+            "requests by outcome: " + (", ".join(f"{r} {res}={n}" for (r, res), n in sorted(counts.items())) or "none")
+        )
 
     asyncio.run(serve())
     return 0
@@ -189,13 +204,16 @@ def describe_throughput(target: str, r: ThroughputResult) -> str:
     lines = [
         f"throughput this host {way} {target}: {r.protocol.upper()}, {r.streams} stream(s), "
         f"{r.duration_seconds:g} s (+{r.omit_seconds:g} s omitted)",
-        f"  receiver {format_bits(r.receiver_bytes_per_second * 8)}, sender {format_bits(r.sender_bytes_per_second * 8)}",
+        f"  receiver {format_bits(r.receiver_bytes_per_second * 8)}, "
+        f"sender {format_bits(r.sender_bytes_per_second * 8)}",
     ]
     if r.retransmits is not None:
         lines.append(f"  retransmits {r.retransmits}")
     if r.udp_loss_ratio is not None:
-        lines.append(f"  UDP lost {r.udp_lost}/{r.udp_packets} ({r.udp_loss_ratio:.2%}), "
-                     f"jitter {format_seconds(r.jitter_seconds or 0)}")
+        lines.append(
+            f"  UDP lost {r.udp_lost}/{r.udp_packets} ({r.udp_loss_ratio:.2%}), "
+            f"jitter {format_seconds(r.jitter_seconds or 0)}"
+        )
     return "\n".join(lines)
 
 
@@ -245,8 +263,10 @@ def _finish_rtt(args: argparse.Namespace, probe: str, report: RttReport) -> int:
         print(describe_rtt(args.target, report))
     if report.received == 0:
         reason = max(report.failures, key=lambda k: report.failures[k]) if report.failures else "timeout"
-        print(f"pathprobe: {probe} probe to {args.target} failed: {reason}: no answer to {report.sent} request(s)",
-              file=sys.stderr)
+        print(
+            f"pathprobe: {probe} probe to {args.target} failed: {reason}: no answer to {report.sent} request(s)",
+            file=sys.stderr,
+        )
         return EXIT_PROBE_FAILED
     return 0
 
@@ -271,16 +291,23 @@ def cmd_probe_loss(args: argparse.Namespace) -> int:
 
 def describe_rtt(target: str, r: RttReport) -> str:
     kind = "TCP request/response" if r.protocol == "tcp" else "UDP echo"
-    lines = [f"{kind} to {target}: {r.sent} sent, {r.received} answered, {r.lost} lost"
-             f" ({r.lost / r.sent:.2%})" if r.sent else f"{kind} to {target}: nothing sent"]
+    lines = [
+        f"{kind} to {target}: {r.sent} sent, {r.received} answered, {r.lost} lost ({r.lost / r.sent:.2%})"
+        if r.sent
+        else f"{kind} to {target}: nothing sent"
+    ]
     s = Summary.of(r.rtts)
     if s:
         f = format_seconds
-        lines.append(f"  rtt min {f(s.min)} p50 {f(s.p50)} mean {f(s.mean)} p99 {f(s.p99)} max {f(s.max)} "
-                     f"stddev {f(s.stddev)}  (interval {f(r.interval_seconds)}, {r.size_bytes} B)")
+        lines.append(
+            f"  rtt min {f(s.min)} p50 {f(s.p50)} mean {f(s.mean)} p99 {f(s.p99)} max {f(s.max)} "
+            f"stddev {f(s.stddev)}  (interval {f(r.interval_seconds)}, {r.size_bytes} B)"
+        )
     if r.protocol == "udp":
-        lines.append(f"  jitter {format_seconds(r.jitter_seconds)}, duplicates {r.duplicates}, "
-                     f"reordered {r.reordered}, late {r.late}")
+        lines.append(
+            f"  jitter {format_seconds(r.jitter_seconds)}, duplicates {r.duplicates}, "
+            f"reordered {r.reordered}, late {r.late}"
+        )
     if r.failures:
         lines.append("  failures: " + ", ".join(f"{k} {v}" for k, v in sorted(r.failures.items())))
     return "\n".join(lines)
@@ -294,8 +321,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .exporter import Exporter  # noqa: PLC0415
-    from .web import serve  # noqa: PLC0415
+    from .exporter import Exporter
+    from .web import serve
 
     cfg = config.load(args.config)
     metrics = Metrics()

@@ -89,34 +89,55 @@ class Exporter:
         self.schedule = Schedule.of([cfg.host.name, *self.peers], cfg.schedule.slot_seconds)
         self.budget = Budget(cfg.budget.daily_bytes, cfg.budget.state_file, clock)
         self._last_bytes: dict[tuple[str, tuple[str, str, str]], int] = {}
-        metrics.describe_mesh(cfg, self.schedule.fingerprint, self.schedule.rotation_seconds,
-                              len(self.schedule.members))
+        metrics.describe_mesh(
+            cfg, self.schedule.fingerprint, self.schedule.rotation_seconds, len(self.schedule.members)
+        )
         self._update_budget_metrics()
 
     def allow_list(self) -> AllowList:
-        return AllowList([*(p.address for p in self.cfg.peers), *self.cfg.responders.allow])
+        return AllowList([*(str(p.address) for p in self.cfg.peers), *self.cfg.responders.allow])
 
     async def run(self, stop: asyncio.Event) -> None:
         cfg = self.cfg
-        running = await start_rr_and_echo(cfg.responders, self.allow_list(),
-                                          lambda r, res: self.m.responder_requests.labels(r, res).inc())
-        tasks = [asyncio.create_task(supervise_iperf3(
-            iperf3_server_command(cfg.iperf3, str(cfg.responders.listen)),
-            up=lambda ok: self.m.iperf3_server_up.set(1 if ok else 0),
-            restarted=self.m.iperf3_server_restarts.inc,
-        ), name="iperf3-server")]
+        running = await start_rr_and_echo(
+            cfg.responders, self.allow_list(), lambda r, res: self.m.responder_requests.labels(r, res).inc()
+        )
+        tasks = [
+            asyncio.create_task(
+                supervise_iperf3(
+                    iperf3_server_command(cfg.iperf3, str(cfg.responders.listen)),
+                    up=lambda ok: self.m.iperf3_server_up.set(1 if ok else 0),
+                    restarted=self.m.iperf3_server_restarts.inc,
+                ),
+                name="iperf3-server",
+            )
+        ]
         for peer in cfg.peers:
             addr = str(peer.address)
             if cfg.probes.rtt.enabled:
                 r = cfg.probes.rtt
-                client = RrClient(addr, cfg.responders.rr_port, r.interval_seconds, r.size_bytes,
-                                  r.timeout_seconds, RttMetricsSink(self.m, peer, r.size_bytes))
+                client = RrClient(
+                    addr,
+                    cfg.responders.rr_port,
+                    r.interval_seconds,
+                    r.size_bytes,
+                    r.timeout_seconds,
+                    RttMetricsSink(self.m, peer, r.size_bytes),
+                )
                 tasks.append(asyncio.create_task(client.run(), name=f"rtt-{peer.name}"))
             if cfg.probes.loss.enabled:
                 lo = cfg.probes.loss
-                echo = EchoClient(addr, cfg.responders.echo_port, lo.rate_pps, lo.size_bytes,
-                                  lo.timeout_seconds, EchoMetricsSink(self.m, peer))
-                tasks.append(asyncio.create_task(self._forever(echo.run, f"loss-{peer.name}"), name=f"loss-{peer.name}"))
+                echo = EchoClient(
+                    addr,
+                    cfg.responders.echo_port,
+                    lo.rate_pps,
+                    lo.size_bytes,
+                    lo.timeout_seconds,
+                    EchoMetricsSink(self.m, peer),
+                )
+                tasks.append(
+                    asyncio.create_task(self._forever(echo.run, f"loss-{peer.name}"), name=f"loss-{peer.name}")
+                )
         tasks.append(asyncio.create_task(self._throughput_loop(stop), name="throughput"))
         try:
             await stop.wait()
@@ -178,11 +199,19 @@ class Exporter:
                         continue
                     break
                 self._record(peer, key, result)
-                log.info("throughput -> %s %s x%s %s: %.4g Mbit/s", peer.name, protocol, streams, direction,
-                         result.receiver_bytes_per_second * 8e-6)
+                log.info(
+                    "throughput -> %s %s x%s %s: %.4g Mbit/s",
+                    peer.name,
+                    protocol,
+                    streams,
+                    direction,
+                    result.receiver_bytes_per_second * 8e-6,
+                )
                 break
 
-    def _test(self, peer: Peer, s: ThroughputSettings, protocol: str, streams: int, direction: str) -> iperf.ThroughputTest:
+    def _test(
+        self, peer: Peer, s: ThroughputSettings, protocol: str, streams: int, direction: str
+    ) -> iperf.ThroughputTest:
         auth = self.cfg.iperf3.auth
         return iperf.ThroughputTest(
             address=str(peer.address), port=peer.iperf3_port or self.cfg.iperf3.port,
@@ -196,7 +225,9 @@ class Exporter:
 
     def _record(self, peer: Peer, key: tuple[str, str, str], result: ThroughputResult) -> None:
         # iperf3 leaves the omitted seconds out of its byte count; they were still sent.
-        moved = int(result.bytes_transferred * (result.duration_seconds + result.omit_seconds) / result.duration_seconds)
+        moved = int(
+            result.bytes_transferred * (result.duration_seconds + result.omit_seconds) / result.duration_seconds
+        )
         self.m.record_throughput(peer, result, moved)
         self._last_bytes[(peer.name, key)] = moved
         self.budget.spend(moved)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -169,12 +170,12 @@ async def run(test: ThroughputTest, binary: str = "iperf3", margin_seconds: floa
             raise
         raise ProbeFailure("timeout", f"iperf3 did not finish within {test.max_seconds(margin_seconds):g} s") from exc
     if not out.strip():
-        raise ProbeFailure("error", f"iperf3 exited {proc.returncode} with no output: {err.decode(errors='replace')[:200]}")
+        raise ProbeFailure(
+            "error", f"iperf3 exited {proc.returncode} with no output: {err.decode(errors='replace')[:200]}"
+        )
     return parse(out, test)
 
 
 def _kill_group(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

@@ -103,8 +103,10 @@ def print_status(st: dict[str, Any]) -> None:
         return
     print(f"lab is up (scale: AWS Gbps = lab Gbit/s x {st['scale']:g})")
     for h in st["hosts"]:
-        print(f"  {h['name']:14} {h['address']:14} {h['region']:16} {h['zone']:18}"
-              f"{'' if h['present'] else ' NAMESPACE MISSING'}")
+        print(
+            f"  {h['name']:14} {h['address']:14} {h['region']:16} {h['zone']:18}"
+            f"{'' if h['present'] else ' NAMESPACE MISSING'}"
+        )
     print("  paths:")
     for p in st["paths"]:
         print(f"    {p['src']:>14} -> {p['dst']:14} {PathSpec(**_spec_fields(p)).describe()}  [{p['path_class']}]")
@@ -151,7 +153,6 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .lab import demo  # noqa: PLC0415
+    from .lab import demo
 
     return demo.run(args)
-

@@ -45,81 +45,137 @@ class Metrics:
         self.build_info.info({"version": __version__})
 
         g = self._gauge
-        self.throughput = g("pathprobe_throughput_bytes_per_second",
-                            "Receiver-side throughput of the last completed iperf3 test. " + CACHED, TEST)
-        self.throughput_sender = g("pathprobe_throughput_sender_bytes_per_second",
-                                   "Sender-side throughput of the last completed iperf3 test. " + CACHED, TEST)
-        self.retransmits = g("pathprobe_throughput_retransmits",
-                             "TCP retransmits during the last completed test (sender side). " + CACHED, TEST)
-        self.udp_loss_ratio = g("pathprobe_throughput_udp_loss_ratio",
-                                "Share of UDP datagrams lost in the last UDP throughput test (0-1); measures the "
-                                "receiver as much as the path at high rates. " + CACHED, TEST)
-        self.throughput_jitter = g("pathprobe_throughput_udp_jitter_seconds",
-                                   "Receiver-side jitter of the last UDP throughput test. " + CACHED, TEST)
-        self.throughput_ts = g("pathprobe_throughput_last_test_timestamp_seconds",
-                               "Unix time at which the last completed throughput test ended.", TEST)
-        self.throughput_settings = g("pathprobe_throughput_settings_info",
-                                     "Settings of the throughput tests behind each result (value 1).",
-                                     (*TEST, "duration_seconds", "omit_seconds", "congestion",
-                                      "target_bits_per_second", "window_bytes"))
-        self.expected = g("pathprobe_throughput_expected_bytes_per_second",
-                          "Throughput the path should reach: the smallest applicable limit; "
-                          "`limit` names the one that binds.", (*TEST, "limit"))
-        self.receive_window_bound = g("pathprobe_throughput_receive_window_bound_bytes_per_second",
-                                      "Receive-window bound of one TCP flow: usable window / RTT (p50 of the "
-                                      "last 5 minutes), times streams.", TEST)
+        self.throughput = g(
+            "pathprobe_throughput_bytes_per_second",
+            "Receiver-side throughput of the last completed iperf3 test. " + CACHED,
+            TEST,
+        )
+        self.throughput_sender = g(
+            "pathprobe_throughput_sender_bytes_per_second",
+            "Sender-side throughput of the last completed iperf3 test. " + CACHED,
+            TEST,
+        )
+        self.retransmits = g(
+            "pathprobe_throughput_retransmits",
+            "TCP retransmits during the last completed test (sender side). " + CACHED,
+            TEST,
+        )
+        self.udp_loss_ratio = g(
+            "pathprobe_throughput_udp_loss_ratio",
+            "Share of UDP datagrams lost in the last UDP throughput test (0-1); measures the "
+            "receiver as much as the path at high rates. " + CACHED,
+            TEST,
+        )
+        self.throughput_jitter = g(
+            "pathprobe_throughput_udp_jitter_seconds",
+            "Receiver-side jitter of the last UDP throughput test. " + CACHED,
+            TEST,
+        )
+        self.throughput_ts = g(
+            "pathprobe_throughput_last_test_timestamp_seconds",
+            "Unix time at which the last completed throughput test ended.",
+            TEST,
+        )
+        self.throughput_settings = g(
+            "pathprobe_throughput_settings_info",
+            "Settings of the throughput tests behind each result (value 1).",
+            (*TEST, "duration_seconds", "omit_seconds", "congestion", "target_bits_per_second", "window_bytes"),
+        )
+        self.expected = g(
+            "pathprobe_throughput_expected_bytes_per_second",
+            "Throughput the path should reach: the smallest applicable limit; `limit` names the one that binds.",
+            (*TEST, "limit"),
+        )
+        self.receive_window_bound = g(
+            "pathprobe_throughput_receive_window_bound_bytes_per_second",
+            "Receive-window bound of one TCP flow: usable window / RTT (p50 of the last 5 minutes), times streams.",
+            TEST,
+        )
 
-        self.rtt = Histogram("pathprobe_rtt_seconds",
-                             "Round-trip time of TCP request/response (protocol=tcp) and UDP echo (protocol=udp) probes.",
-                             (*PEER, "protocol"), buckets=RTT_BUCKETS, registry=r)
-        self.rtt_settings = g("pathprobe_rtt_settings_info",
-                              "Settings of the RTT probes (value 1): interval between requests, size, timeout.",
-                              (*PEER, "protocol", "interval_seconds", "size_bytes", "timeout_seconds"))
+        self.rtt = Histogram(
+            "pathprobe_rtt_seconds",
+            "Round-trip time of TCP request/response (protocol=tcp) and UDP echo (protocol=udp) probes.",
+            (*PEER, "protocol"),
+            buckets=RTT_BUCKETS,
+            registry=r,
+        )
+        self.rtt_settings = g(
+            "pathprobe_rtt_settings_info",
+            "Settings of the RTT probes (value 1): interval between requests, size, timeout.",
+            (*PEER, "protocol", "interval_seconds", "size_bytes", "timeout_seconds"),
+        )
 
         c = self._counter
         self.udp_sent = c("pathprobe_udp_packets_sent", "UDP echo packets sent.", PEER)
         self.udp_received = c("pathprobe_udp_packets_received", "UDP echo packets answered in time.", PEER)
         self.udp_lost = c("pathprobe_udp_packets_lost", "UDP echo packets with no answer within the timeout.", PEER)
         self.udp_duplicate = c("pathprobe_udp_packets_duplicate", "Second and later echoes of one packet.", PEER)
-        self.udp_reordered = c("pathprobe_udp_packets_reordered",
-                               "Echoes that arrived after the echo of a later packet.", PEER)
+        self.udp_reordered = c(
+            "pathprobe_udp_packets_reordered", "Echoes that arrived after the echo of a later packet.", PEER
+        )
         self.udp_late = c("pathprobe_udp_packets_late", "Echoes that arrived after the packet was counted lost.", PEER)
-        self.udp_jitter = g("pathprobe_udp_jitter_seconds",
-                            "Smoothed variation of successive UDP echo RTTs (RFC 3550 estimator, gain 1/16).", PEER)
+        self.udp_jitter = g(
+            "pathprobe_udp_jitter_seconds",
+            "Smoothed variation of successive UDP echo RTTs (RFC 3550 estimator, gain 1/16).",
+            PEER,
+        )
 
-        self.runs = c("pathprobe_probe_runs", "Probe attempts by outcome: a throughput test, an RTT "
-                      "request/response, or a UDP echo packet.", ("probe", "peer", "result"))
-        self.last_success = g("pathprobe_probe_last_success_timestamp_seconds",
-                              "Unix time of the last successful probe.", ("probe", "peer"))
-        self.bytes_sent = c("pathprobe_probe_bytes_sent",
-                            "Bytes moved by probes this host started (throughput: both directions, "
-                            "what inter-region transfer bills).", ("probe", "peer"))
-        self.skipped = c("pathprobe_throughput_skipped", "Scheduled throughput tests not run, by reason.",
-                         ("peer", "reason"))
+        self.runs = c(
+            "pathprobe_probe_runs",
+            "Probe attempts by outcome: a throughput test, an RTT request/response, or a UDP echo packet.",
+            ("probe", "peer", "result"),
+        )
+        self.last_success = g(
+            "pathprobe_probe_last_success_timestamp_seconds",
+            "Unix time of the last successful probe.",
+            ("probe", "peer"),
+        )
+        self.bytes_sent = c(
+            "pathprobe_probe_bytes_sent",
+            "Bytes moved by probes this host started (throughput: both directions, what inter-region transfer bills).",
+            ("probe", "peer"),
+        )
+        self.skipped = c(
+            "pathprobe_throughput_skipped", "Scheduled throughput tests not run, by reason.", ("peer", "reason")
+        )
 
-        self.budget_remaining = g("pathprobe_budget_remaining_bytes",
-                                  "Bytes throughput tests may still move in the current budget period.", ())
+        self.budget_remaining = g(
+            "pathprobe_budget_remaining_bytes",
+            "Bytes throughput tests may still move in the current budget period.",
+            (),
+        )
         self.budget_limit = g("pathprobe_budget_limit_bytes", "Bytes throughput tests may move per period.", ())
-        self.budget_period_end = g("pathprobe_budget_period_end_timestamp_seconds",
-                                   "Unix time at which the current budget period ends.", ())
+        self.budget_period_end = g(
+            "pathprobe_budget_period_end_timestamp_seconds", "Unix time at which the current budget period ends.", ()
+        )
 
-        self.peer_info = g("pathprobe_peer_info", "A configured peer (value 1).",
-                           ("peer", "peer_region", "peer_zone", "path_class", "address"))
-        self.schedule_info = g("pathprobe_schedule_info",
-                               "The mesh schedule this host derives (value 1); every host of a consistent mesh "
-                               "shows the same fingerprint.", ("fingerprint",))
+        self.peer_info = g(
+            "pathprobe_peer_info",
+            "A configured peer (value 1).",
+            ("peer", "peer_region", "peer_zone", "path_class", "address"),
+        )
+        self.schedule_info = g(
+            "pathprobe_schedule_info",
+            "The mesh schedule this host derives (value 1); every host of a consistent mesh "
+            "shows the same fingerprint.",
+            ("fingerprint",),
+        )
         self.schedule_members = g("pathprobe_schedule_members", "Hosts in the throughput schedule.", ())
         self.schedule_slot = g("pathprobe_schedule_slot_seconds", "Length of one schedule slot.", ())
-        self.schedule_rotation = g("pathprobe_schedule_rotation_seconds",
-                                   "Time for every pair of hosts to meet once.", ())
+        self.schedule_rotation = g(
+            "pathprobe_schedule_rotation_seconds", "Time for every pair of hosts to meet once.", ()
+        )
         self.schedule_turns = c("pathprobe_schedule_turns", "Client turns this host took in the schedule.", ())
 
-        self.responder_requests = c("pathprobe_responder_requests",
-                                    "Connections (rr) or datagrams (echo) that reached a responder, by outcome.",
-                                    ("responder", "result"))
+        self.responder_requests = c(
+            "pathprobe_responder_requests",
+            "Connections (rr) or datagrams (echo) that reached a responder, by outcome.",
+            ("responder", "result"),
+        )
         self.iperf3_server_up = g("pathprobe_iperf3_server_up", "1 while the supervised iperf3 server runs.", ())
-        self.iperf3_server_restarts = c("pathprobe_iperf3_server_restarts",
-                                        "Times the supervised iperf3 server exited and was restarted.", ())
+        self.iperf3_server_restarts = c(
+            "pathprobe_iperf3_server_restarts", "Times the supervised iperf3 server exited and was restarted.", ()
+        )
 
     def _gauge(self, name: str, doc: str, labels: tuple[str, ...]) -> Gauge:
         return Gauge(name, doc, labels, registry=self.registry)
@@ -142,14 +198,30 @@ class Metrics:
                     self.runs.labels(probe, peer.name, reason)
             if cfg.probes.rtt.enabled:
                 rtt = cfg.probes.rtt
-                self.rtt_settings.labels(*peer_labels(peer), "tcp", f"{rtt.interval_seconds:g}",
-                                         str(rtt.size_bytes), f"{rtt.timeout_seconds:g}").set(1)
+                self.rtt_settings.labels(
+                    *peer_labels(peer),
+                    "tcp",
+                    f"{rtt.interval_seconds:g}",
+                    str(rtt.size_bytes),
+                    f"{rtt.timeout_seconds:g}",
+                ).set(1)
             if cfg.probes.loss.enabled:
                 loss = cfg.probes.loss
-                self.rtt_settings.labels(*peer_labels(peer), "udp", f"{1 / loss.rate_pps:g}",
-                                         str(loss.size_bytes), f"{loss.timeout_seconds:g}").set(1)
-                for counter in (self.udp_sent, self.udp_received, self.udp_lost,
-                                self.udp_duplicate, self.udp_reordered, self.udp_late):
+                self.rtt_settings.labels(
+                    *peer_labels(peer),
+                    "udp",
+                    f"{1 / loss.rate_pps:g}",
+                    str(loss.size_bytes),
+                    f"{loss.timeout_seconds:g}",
+                ).set(1)
+                for counter in (
+                    self.udp_sent,
+                    self.udp_received,
+                    self.udp_lost,
+                    self.udp_duplicate,
+                    self.udp_reordered,
+                    self.udp_late,
+                ):
                     counter.labels(*peer_labels(peer))
             tput = cfg.throughput_for(peer)
             if tput.enabled:

@@ -92,6 +92,7 @@ async def start_rr_and_echo(settings: Responders, allow: AllowList, count: Count
     echo = EchoResponder(allow, settings.echo_max_pps_per_source, lambda result: count("echo", result))
     rr_server = await rr.start(listen, settings.rr_port)
     echo_transport = await echo.start(listen, settings.echo_port)
-    log.info("responders on %s: tcp rr :%d, udp echo :%d; allowed %s", listen, settings.rr_port,
-             settings.echo_port, allow)
+    log.info(
+        "responders on %s: tcp rr :%d, udp echo :%d; allowed %s", listen, settings.rr_port, settings.echo_port, allow
+    )
     return Running(rr_server, echo_transport)

@@ -80,7 +80,9 @@ LANDING = b"""<html><head><title>pathprobe</title></head><body><h1>pathprobe</h1
 <p><a href="/metrics">Metrics</a></p></body></html>"""
 
 
-def make_app(snapshot: Snapshot, basic_auth: tuple[str, str] | None) -> Callable[[dict[str, Any], StartResponse], Iterable[bytes]]:
+def make_app(
+    snapshot: Snapshot, basic_auth: tuple[str, str] | None
+) -> Callable[[dict[str, Any], StartResponse], Iterable[bytes]]:
     expected = None
     if basic_auth:
         expected = b"Basic " + base64.b64encode(f"{basic_auth[0]}:{basic_auth[1]}".encode())

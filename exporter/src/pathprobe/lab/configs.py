@@ -11,8 +11,9 @@ from .topology import Topology, address, resolve
 METRICS_PORT = 9469
 
 
-def exporter_config(topo: Topology, host_name: str, state_dir: Path, slot_seconds: float,
-                    probe_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def exporter_config(
+    topo: Topology, host_name: str, state_dir: Path, slot_seconds: float, probe_overrides: dict[str, Any] | None = None
+) -> dict[str, Any]:
     paths = resolve(topo)
     index = {h.name: i for i, h in enumerate(topo.hosts, start=1)}
     me = next(h for h in topo.hosts if h.name == host_name)
@@ -20,14 +21,16 @@ def exporter_config(topo: Topology, host_name: str, state_dir: Path, slot_second
     for other in topo.hosts:
         if other.name == host_name:
             continue
-        peers.append({
-            "name": other.name,
-            "address": address(index[other.name]),
-            "region": other.region,
-            "zone": other.zone,
-            "instance_type": other.instance_type,
-            "path_class": paths[(host_name, other.name)].path_class.value,
-        })
+        peers.append(
+            {
+                "name": other.name,
+                "address": address(index[other.name]),
+                "region": other.region,
+                "zone": other.zone,
+                "instance_type": other.instance_type,
+                "path_class": paths[(host_name, other.name)].path_class.value,
+            }
+        )
     probes: dict[str, Any] = {
         "throughput": {"protocols": ["tcp"], "streams": [1, 4], "duration_seconds": 3, "omit_seconds": 1},
         "rtt": {"interval_seconds": 0.1},
@@ -36,8 +39,13 @@ def exporter_config(topo: Topology, host_name: str, state_dir: Path, slot_second
     for key, value in (probe_overrides or {}).items():
         probes[key] = {**probes.get(key, {}), **value}
     cfg: dict[str, Any] = {
-        "host": {"name": me.name, "address": address(index[me.name]), "region": me.region, "zone": me.zone,
-                 "instance_type": me.instance_type},
+        "host": {
+            "name": me.name,
+            "address": address(index[me.name]),
+            "region": me.region,
+            "zone": me.zone,
+            "instance_type": me.instance_type,
+        },
         "peers": peers,
         "probes": probes,
         "schedule": {"slot_seconds": slot_seconds, "jitter_seconds": 1, "timeout_margin_seconds": 3},
@@ -59,8 +67,7 @@ def scrape_targets(topo: Topology) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def prometheus_config(topo: Topology, rule_files: list[str], alertmanager: str,
-                      interval: str = "5s") -> dict[str, Any]:
+def prometheus_config(topo: Topology, rule_files: list[str], alertmanager: str, interval: str = "5s") -> dict[str, Any]:
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         "rule_files": rule_files,

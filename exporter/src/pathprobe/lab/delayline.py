@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import ctypes
 import json
 import os
@@ -48,6 +49,7 @@ NLM_F_ACK = 4
 NLMSG_ERROR = 2
 NF_ACCEPT = 1
 PR_SET_TIMERSLACK = 29
+SPIN_SECONDS = 0.0003
 
 NLMSGHDR = struct.Struct("=IHHII")
 NFGENMSG = struct.Struct("=BBH")  # family, version, res_id (big-endian, packed by hand)
@@ -119,8 +121,9 @@ class DelayLine:
             while held and held[0][0] <= now:
                 last = held.popleft()[1]
             if last is not None:
-                self.sock.send(_msg(NFQNL_MSG_VERDICT_BATCH, queue,
-                                    _attr(NFQA_VERDICT_HDR, struct.pack("!II", NF_ACCEPT, last))))
+                self.sock.send(
+                    _msg(NFQNL_MSG_VERDICT_BATCH, queue, _attr(NFQA_VERDICT_HDR, struct.pack("!II", NF_ACCEPT, last)))
+                )
             if held:
                 due = held[0][0] - now
                 wait = due if wait is None else min(wait, due)
@@ -130,8 +133,11 @@ class DelayLine:
         self.sock.setblocking(False)
         wait: float | None = None
         while True:
-            # select() takes microseconds; poll()/epoll round up to whole milliseconds.
-            readable, _, _ = select.select([self.sock], [], [], None if wait is None else max(0.0, wait))
+            # Timer wake-ups come late by a few hundred microseconds on a VM, so sleep until
+            # SPIN_SECONDS before the next release and poll from there. select() takes
+            # microseconds; poll()/epoll round up to whole milliseconds.
+            timeout = None if wait is None else max(0.0, wait - SPIN_SECONDS) if wait > SPIN_SECONDS else 0.0
+            readable, _, _ = select.select([self.sock], [], [], timeout)
             if readable:
                 now = time.monotonic()
                 while True:
@@ -158,10 +164,8 @@ def _messages(data: bytes) -> list[tuple[int, int, bytes]]:
 
 def _tighten_timers() -> None:
     """Ask for 1 ns timer slack instead of the default 50 us: wake-ups are the delay's error."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     delays = {int(q): float(d) for q, d in json.loads(args.queues).items()}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     _tighten_timers()
-    DelayLine(delays).run()
+    line = DelayLine(delays)
+    print("ready", flush=True)  # `lab up` waits for this line
+    line.run()
     return 0
 
 

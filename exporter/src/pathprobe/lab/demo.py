@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import http.server
 import json
+import math
 import shutil
 import signal
 import subprocess
@@ -40,14 +41,15 @@ def binary(*names: str) -> str:
         path = shutil.which(name)
         if path:
             return path
-    raise SystemExit(f"pathprobe demo: none of {', '.join(names)} is installed (apt-get install prometheus "
-                     "prometheus-alertmanager)")
+    raise SystemExit(
+        f"pathprobe demo: none of {', '.join(names)} is installed (apt-get install prometheus prometheus-alertmanager)"
+    )
 
 
 class _Webhook(http.server.BaseHTTPRequestHandler):
     log_file: Path
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         with self.log_file.open("ab") as f:
             f.write(body.replace(b"\n", b" ") + b"\n")
@@ -69,7 +71,7 @@ def alertmanager_config(webhook_url: str) -> dict[str, Any]:
     """The demo's Alertmanager: the project's routing when present, every receiver a webhook to the log."""
     base = repo_dir("alerts")
     if base and (base / "alertmanager.yml").exists():
-        cfg = yaml.safe_load((base / "alertmanager.yml").read_text())
+        cfg: dict[str, Any] = yaml.safe_load((base / "alertmanager.yml").read_text())
         for receiver in cfg.get("receivers", []):
             name = receiver["name"]
             receiver.clear()
@@ -77,8 +79,13 @@ def alertmanager_config(webhook_url: str) -> dict[str, Any]:
         cfg.pop("global", None)
         return cfg
     return {
-        "route": {"receiver": "log", "group_by": ["alertname", "region"], "group_wait": "5s",
-                  "group_interval": "10s", "repeat_interval": "1h"},
+        "route": {
+            "receiver": "log",
+            "group_by": ["alertname", "region"],
+            "group_wait": "5s",
+            "group_interval": "10s",
+            "repeat_interval": "1h",
+        },
         "receivers": [{"name": "log", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
     }
 
@@ -86,10 +93,9 @@ def alertmanager_config(webhook_url: str) -> dict[str, Any]:
 def wait_ready(url: str, what: str, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as r:
+            if r.status == 200:
+                return
         time.sleep(0.5)
     raise SystemExit(f"pathprobe demo: {what} did not become ready at {url} in {timeout:g} s")
 
@@ -112,11 +118,11 @@ TABLE_QUERIES = {
     "gbps_1": 'max by (host, peer) (pathprobe_throughput_bytes_per_second{streams="1",direction="send"}) * 8 / 1e9',
     "gbps_n": 'max by (host, peer) (pathprobe_throughput_bytes_per_second{streams!="1",direction="send"}) * 8 / 1e9',
     "expected": 'max by (host, peer) (pathprobe_throughput_expected_bytes_per_second{streams="1",direction="send"})'
-                ' * 8 / 1e9',
+    " * 8 / 1e9",
     "p50": 'histogram_quantile(0.5, sum by (host, peer, le) (rate(pathprobe_rtt_seconds_bucket{protocol="tcp"}[1m])))',
     "p99": 'histogram_quantile(0.99, sum by (host, peer, le) (rate(pathprobe_rtt_seconds_bucket{protocol="tcp"}[1m])))',
     "loss": "sum by (host, peer) (increase(pathprobe_udp_packets_lost_total[1m]))"
-            " / sum by (host, peer) (increase(pathprobe_udp_packets_sent_total[1m]))",
+    " / sum by (host, peer) (increase(pathprobe_udp_packets_sent_total[1m]))",
     "age": "time() - max by (host, peer) (pathprobe_throughput_last_test_timestamp_seconds)",
 }
 
@@ -125,23 +131,30 @@ def table(prom: str, topo: topology.Topology) -> str:
     data = {k: _by_path(prom, q) for k, q in TABLE_QUERIES.items()}
     firing = []
     with contextlib.suppress(OSError, KeyError, ValueError):
-        firing = [a for a in json.load(urllib.request.urlopen(f"{prom}/api/v1/alerts", timeout=5))["data"]["alerts"]
-                  if a["state"] == "firing"]
+        firing = [
+            a
+            for a in json.load(urllib.request.urlopen(f"{prom}/api/v1/alerts", timeout=5))["data"]["alerts"]
+            if a["state"] == "firing"
+        ]
 
     def f(key: str, path: tuple[str, str], fmt: str, scale: float = 1) -> str:
         v = data[key].get(path)
-        return "-" if v is None or v != v else format(v * scale, fmt)  # v != v: NaN
+        return "-" if v is None or math.isnan(v) else format(v * scale, fmt)  # v != v: NaN
 
-    lines = [f"{'path':32} {'Gbit/s 1 flow':>13} {'N flows':>8} {'expected':>9} {'RTT p50':>9} {'p99':>8} "
-             f"{'loss':>7} {'last test':>10}"]
+    lines = [
+        f"{'path':32} {'Gbit/s 1 flow':>13} {'N flows':>8} {'expected':>9} {'RTT p50':>9} {'p99':>8} "
+        f"{'loss':>7} {'last test':>10}"
+    ]
     for a in topo.hosts:
         for b in topo.hosts:
             if a is b:
                 continue
             p = (a.name, b.name)
-            lines.append(f"{a.name + ' -> ' + b.name:32} {f('gbps_1', p, '.3f'):>13} {f('gbps_n', p, '.3f'):>8} "
-                         f"{f('expected', p, '.3f'):>9} {f('p50', p, '.2f', 1e3) + ' ms':>9} "
-                         f"{f('p99', p, '.2f', 1e3) + ' ms':>8} {f('loss', p, '.2%'):>7} {f('age', p, '.0f') + ' s':>10}")
+            lines.append(
+                f"{a.name + ' -> ' + b.name:32} {f('gbps_1', p, '.3f'):>13} {f('gbps_n', p, '.3f'):>8} "
+                f"{f('expected', p, '.3f'):>9} {f('p50', p, '.2f', 1e3) + ' ms':>9} "
+                f"{f('p99', p, '.2f', 1e3) + ' ms':>8} {f('loss', p, '.2%'):>7} {f('age', p, '.0f') + ' s':>10}"
+            )
     lines.append(f"firing alerts: {', '.join(sorted({a['labels']['alertname'] for a in firing})) or 'none'}")
     return "\n".join(lines)
 
@@ -167,10 +180,14 @@ def run(args: argparse.Namespace) -> int:
         alert_log = work / "alerts.log"
         alert_log.touch()
         webhook = start_webhook(alert_log, WEBHOOK_PORT)
-        prom, am = start_monitoring(topo, work, args.prometheus_port, args.alertmanager_port)
-        print(f"Prometheus:   {prom}\nAlertmanager: http://127.0.0.1:{args.alertmanager_port}\n"
-              f"Alerts log:   {alert_log}\nExporters:    " + ", ".join(f"http://{t}/metrics" for t in exporters)
-              + "\nCtrl-C stops and cleans up everything.", flush=True)
+        prom, _ = start_monitoring(topo, work, args.prometheus_port, args.alertmanager_port)
+        print(
+            f"Prometheus:   {prom}\nAlertmanager: http://127.0.0.1:{args.alertmanager_port}\n"
+            f"Alerts log:   {alert_log}\nExporters:    "
+            + ", ".join(f"http://{t}/metrics" for t in exporters)
+            + "\nCtrl-C stops and cleans up everything.",
+            flush=True,
+        )
         deadline = time.monotonic() + args.duration if args.duration else None
         tty = sys.stdout.isatty()
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
@@ -195,9 +212,13 @@ def start_exporters(topo: topology.Topology, work: Path, slot_seconds: float) ->
         path = work / f"{h.name}.yaml"
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         log = (work / f"{h.name}.log").open("ab")
-        proc = subprocess.Popen(net.in_ns(net.ns(h.name), [sys.executable, "-m", "pathprobe", "run", "--config",
-                                                          str(path)]),
-                                stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            net.in_ns(net.ns(h.name), [sys.executable, "-m", "pathprobe", "run", "--config", str(path)]),
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         log.close()
         net.register(proc.pid, f"exporter {h.name}")
         targets.append(cfg["web"]["listen"])
@@ -211,20 +232,39 @@ def start_monitoring(topo: topology.Topology, work: Path, prom_port: int, am_por
     am_addr = f"127.0.0.1:{am_port}"
     (work / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config(topo, rules, am_addr), sort_keys=False))
     (work / "alertmanager.yml").write_text(
-        yaml.safe_dump(alertmanager_config(f"http://127.0.0.1:{WEBHOOK_PORT}/alerts"), sort_keys=False))
+        yaml.safe_dump(alertmanager_config(f"http://127.0.0.1:{WEBHOOK_PORT}/alerts"), sort_keys=False)
+    )
     for d in ("prometheus-data", "alertmanager-data"):
         shutil.rmtree(work / d, ignore_errors=True)
     am_log = (work / "alertmanager.log").open("ab")
-    am = subprocess.Popen([binary("prometheus-alertmanager", "alertmanager"),
-                           f"--config.file={work / 'alertmanager.yml'}", f"--storage.path={work / 'alertmanager-data'}",
-                           f"--web.listen-address={am_addr}", "--cluster.listen-address="],
-                          stdout=am_log, stderr=am_log, stdin=subprocess.DEVNULL, start_new_session=True)
+    am = subprocess.Popen(
+        [
+            binary("prometheus-alertmanager", "alertmanager"),
+            f"--config.file={work / 'alertmanager.yml'}",
+            f"--storage.path={work / 'alertmanager-data'}",
+            f"--web.listen-address={am_addr}",
+            "--cluster.listen-address=",
+        ],
+        stdout=am_log,
+        stderr=am_log,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     net.register(am.pid, "alertmanager")
     prom_log = (work / "prometheus.log").open("ab")
-    prom = subprocess.Popen([binary("prometheus"), f"--config.file={work / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={work / 'prometheus-data'}",
-                             f"--web.listen-address=127.0.0.1:{prom_port}", "--web.enable-lifecycle"],
-                            stdout=prom_log, stderr=prom_log, stdin=subprocess.DEVNULL, start_new_session=True)
+    prom = subprocess.Popen(
+        [
+            binary("prometheus"),
+            f"--config.file={work / 'prometheus.yml'}",
+            f"--storage.tsdb.path={work / 'prometheus-data'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+            "--web.enable-lifecycle",
+        ],
+        stdout=prom_log,
+        stderr=prom_log,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     net.register(prom.pid, "prometheus")
     prom_url = f"http://127.0.0.1:{prom_port}"
     wait_ready(f"{prom_url}/-/ready", "Prometheus")

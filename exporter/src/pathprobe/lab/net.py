@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import shlex
 import shutil
 import signal
@@ -58,6 +59,8 @@ class State:
     topology: dict  # type: ignore[type-arg]  # the Topology as JSON, to rebuild PathSpecs
     paths: dict[str, dict]  # type: ignore[type-arg]  # "src>dst" -> PathSpec fields, as configured now
     processes: list[dict] = field(default_factory=list)  # type: ignore[type-arg]  # {pid, what}
+    # Root-namespace sysctls the lab changed, with the values to put back on `down`.
+    restore_sysctls: dict[str, str] = field(default_factory=dict)
 
     @staticmethod
     def file() -> Path:
@@ -111,12 +114,24 @@ def up(topo: Topology) -> State:
     state = State(topology=topo.model_dump(mode="json"), paths=paths)
     state.save()  # first, so that `lab down` can clean up after a failure below
     try:
+        _allow_congestion_controls(state, {h.congestion for h in topo.hosts if h.congestion})
         _build(topo)
         apply_shaping(state)
     except Exception:
         down()
         raise
     return state
+
+
+def _allow_congestion_controls(state: State, wanted: set[str]) -> None:
+    """A namespace may only pick from the root namespace's allowed list; extend it while the lab is up."""
+    key = "net.ipv4.tcp_allowed_congestion_control"
+    allowed = sh(["sysctl", "-n", key]).stdout.split()
+    missing = sorted(wanted - set(allowed))
+    if missing:
+        state.restore_sysctls[key] = " ".join(allowed)
+        state.save()
+        sh(["sysctl", "-qw", f"{key}={' '.join(allowed + missing)}"])
 
 
 def _build(topo: Topology) -> None:
@@ -176,10 +191,52 @@ def _rate(dst_index: int, sources: list[tuple[int, PathSpec]]) -> None:
     sh([*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb"])
     for i, spec in shaped:
         rate = f"{spec.rate:.0f}bit"
-        sh([*tc, "class", "add", "dev", dev, "parent", "1:", "classid", f"1:{i}", "htb", "rate", rate, "ceil", rate,
-            "burst", "256kb", "cburst", "256kb", "quantum", "200000"])
-        sh([*tc, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
-            "match", "ip", "src", f"198.18.{i}.0/24", "flowid", f"1:{i}"])
+        sh(
+            [
+                *tc,
+                "class",
+                "add",
+                "dev",
+                dev,
+                "parent",
+                "1:",
+                "classid",
+                f"1:{i}",
+                "htb",
+                "rate",
+                rate,
+                "ceil",
+                rate,
+                "burst",
+                "256kb",
+                "cburst",
+                "256kb",
+                "quantum",
+                "200000",
+            ]
+        )
+        sh(
+            [
+                *tc,
+                "filter",
+                "add",
+                "dev",
+                dev,
+                "parent",
+                "1:",
+                "protocol",
+                "ip",
+                "prio",
+                "1",
+                "u32",
+                "match",
+                "ip",
+                "src",
+                f"198.18.{i}.0/24",
+                "flowid",
+                f"1:{i}",
+            ]
+        )
 
 
 def _pairs(state: State, hosts: list[str]) -> list[tuple[int, int, PathSpec]]:
@@ -213,26 +270,51 @@ def _delay(state: State, hosts: list[str]) -> None:
             q = queue_number(i, j)
             queues[q] = s.one_way_delay
             # --queue-bypass: if the delay line is gone, packets pass undelayed (lab status says so).
-            sh([*ipt, "-A", "FORWARD", "-s", f"198.18.{i}.0/24", "-d", f"198.18.{j}.0/24",
-                "-j", "NFQUEUE", "--queue-num", str(q), "--queue-bypass"])
+            sh(
+                [
+                    *ipt,
+                    "-A",
+                    "FORWARD",
+                    "-s",
+                    f"198.18.{i}.0/24",
+                    "-d",
+                    f"198.18.{j}.0/24",
+                    "-j",
+                    "NFQUEUE",
+                    "--queue-num",
+                    str(q),
+                    "--queue-bypass",
+                ]
+            )
     _restart_delay_line(state, queues)
 
 
 def _restart_delay_line(state: State, queues: dict[int, float]) -> None:
     current = [p for p in state.processes if p["what"] == "delay-line"]
-    if len(current) == 1 and alive(current[0]["pid"]) and {int(q): d for q, d in current[0]["queues"].items()} == queues:
+    if (
+        len(current) == 1
+        and alive(current[0]["pid"])
+        and {int(q): d for q, d in current[0]["queues"].items()} == queues
+    ):
         return  # nothing changed: do not open a window without delay
     for proc in current:
         kill(proc["pid"])
         state.processes.remove(proc)
     if queues:
         cmd = in_ns(ROUTER, [sys.executable, "-m", "pathprobe.lab.delayline", "--queues", json.dumps(queues)])
-        log_file = open(STATE_DIR / "delay-line.log", "ab")  # noqa: SIM115 - handed to the child
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=log_file, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-        log_file.close()
-        state.processes.append({"pid": proc.pid, "what": "delay-line", "queues": queues})
-        time.sleep(0.2)  # let it bind (a bad bind shows as dead in `lab status`)
+        log_path = STATE_DIR / "delay-line.log"
+        with log_path.open("ab") as log_file:
+            child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        state.processes.append({"pid": child.pid, "what": "delay-line", "queues": queues})
+        state.save()
+        # It prints "ready" once every queue is bound; until then packets would pass undelayed.
+        assert child.stdout is not None
+        ready, _, _ = select.select([child.stdout], [], [], 10)
+        line = child.stdout.readline().decode().strip() if ready else ""
+        child.stdout.close()
+        if line != "ready":
+            raise LabError(f"the delay line did not start: {log_path.read_text()[-500:]}")
     state.save()
 
 
@@ -321,6 +403,9 @@ def down() -> list[str]:
     if sh(["ip", "link", "show", ROOT_LINK], check=False).returncode == 0:
         sh(["ip", "link", "del", ROOT_LINK], check=False)
         done.append(f"removed link {ROOT_LINK}")
+    for key, old in (state.restore_sysctls if state else {}).items():
+        sh(["sysctl", "-qw", f"{key}={old}"], check=False)
+        done.append(f"restored {key} = {old}")
     if state is not None:
         State.file().unlink(missing_ok=True)
     return done
@@ -343,5 +428,11 @@ def status() -> dict:  # type: ignore[type-arg]
         for k, v in state.paths.items()
     ]
     procs = [{**p, "alive": alive(p["pid"])} for p in state.processes]
-    return {"up": True, "router_present": ROUTER in present, "scale": topo.scale, "hosts": hosts,
-            "paths": paths, "processes": procs}
+    return {
+        "up": True,
+        "router_present": ROUTER in present,
+        "scale": topo.scale,
+        "hosts": hosts,
+        "paths": paths,
+        "processes": procs,
+    }

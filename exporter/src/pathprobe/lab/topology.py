@@ -53,7 +53,7 @@ class Topology(Strict):
     # AWS Gbps are shown as lab Gbit/s divided by this; expected limits are scaled the same way.
     scale: float = Field(default=10, gt=0)
     hosts: list[LabHost] = Field(min_length=2, max_length=200)
-    paths: list[LabPath] = []
+    paths: list[LabPath] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _check(self) -> Topology:

@@ -1,0 +1,156 @@
+"""`pathprobe lab`: builds real paths, measures what it configures, leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import PATHPROBE, in_host, payload_rate, topology
+
+from pathprobe.lab import net
+from pathprobe.lab.topology import address
+
+TOPOLOGY = """
+hosts:
+  - {name: east, region: r1, congestion: cubic}
+  - {name: west, region: r2, congestion: cubic}
+  - {name: north, region: r3}
+paths:
+  - {between: [east, west], rate: 300M, one_way_delay: 10ms}
+"""
+
+
+def lab(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([*PATHPROBE, "lab", *args], capture_output=True, text=True, timeout=120, check=False)
+    if check:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def root_leftovers() -> list[str]:
+    """Anything of the lab's visible from the root namespace."""
+    out = []
+    out += [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+            if n.startswith(net.PREFIX)]
+    if subprocess.run(["ip", "link", "show", net.ROOT_LINK], capture_output=True).returncode == 0:
+        out.append(net.ROOT_LINK)
+    out += [r for r in subprocess.run(["ip", "route"], capture_output=True, text=True).stdout.splitlines()
+            if "198.18." in r]
+    if net.NFT_TABLE in subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout:
+        out.append("nft table")
+    if "NFQUEUE" in subprocess.run([net.iptables(), "-S"], capture_output=True, text=True).stdout:
+        out.append("iptables NFQUEUE rule")
+    if net.State.file().exists():
+        out.append("state file")
+    return out
+
+
+@pytest.fixture
+def lab_up(tmp_path: Path) -> Iterator[Path]:
+    topo = tmp_path / "topology.yaml"
+    topo.write_text(TOPOLOGY)
+    lab("up", "--topology", str(topo))
+    yield topo
+    lab("down")
+
+
+@pytest.fixture
+def serving(lab_up: Path) -> Iterator[None]:
+    """`pathprobe serve` (iperf3 server, TCP RR, UDP echo) on host west."""
+    serve = subprocess.Popen(net.in_ns(net.ns("west"), [*PATHPROBE, "serve", "--allow", "198.18.0.0/15"]),
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    assert serve.stdout is not None and b"pathprobe serve" in serve.stdout.readline()  # ready
+    yield
+    serve.terminate()
+    assert serve.wait(timeout=10) == 0
+
+
+def rtt_p50(src: str, dst_index: int) -> float:
+    proc = in_host(src, [*PATHPROBE, "probe", "rtt", address(dst_index), "-c", "40", "-i", "0.02", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    return float(json.loads(proc.stdout)["rtt_seconds"]["p50"])
+
+
+def throughput(src: str, dst_index: int) -> float:
+    proc = in_host(src, [*PATHPROBE, "probe", "throughput", address(dst_index), "-t", "3", "-O", "1", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    return float(json.loads(proc.stdout)["receiver_bytes_per_second"])
+
+
+def test_up_then_down_leaves_nothing(lab_up: Path) -> None:
+    status = json.loads(lab("status", "--json").stdout)
+    assert status["up"] and status["router_present"]
+    assert all(h["present"] for h in status["hosts"])
+    pids = [p["pid"] for p in status["processes"]]
+    assert pids and all(p["alive"] for p in status["processes"])
+    lab("down")
+    assert root_leftovers() == []
+    assert not any(net.alive(pid) for pid in pids)
+    again = lab("down")  # idempotent
+    assert "lab is down" in again.stdout
+
+
+def test_down_cleans_up_after_a_crashed_up() -> None:
+    # What a `lab up` killed half-way leaves: namespaces, a process inside one, no state file.
+    subprocess.run(["ip", "netns", "add", net.ROUTER], check=True)
+    subprocess.run(["ip", "netns", "add", net.ns("half")], check=True)
+    sleeper = subprocess.Popen(net.in_ns(net.ROUTER, ["sleep", "300"]), start_new_session=True)
+    assert "left over" in lab("status", check=False).stdout
+    lab("down")
+    assert sleeper.wait(timeout=10) != 0
+    assert root_leftovers() == []
+
+
+def test_configured_delay_is_measured(serving: None) -> None:
+    p50 = rtt_p50("east", 2)
+    assert p50 == pytest.approx(0.020, abs=0.0005 + 0.02 * 0.020)
+
+
+def test_impair_changes_what_is_measured_and_restore_brings_it_back(serving: None) -> None:
+    before = throughput("east", 2)
+    assert before == pytest.approx(payload_rate(300e6), rel=0.05)
+    lab("impair", "east", "west", "--rate", "100M", "--delay", "30ms")
+    assert throughput("east", 2) == pytest.approx(payload_rate(100e6), rel=0.05)
+    assert rtt_p50("east", 2) == pytest.approx(0.040, abs=0.0005 + 0.02 * 0.040)
+    status = json.loads(lab("status", "--json").stdout)
+    impaired = next(p for p in status["paths"] if (p["src"], p["dst"]) == ("east", "west"))
+    assert impaired["rate"] == 100e6 and impaired["one_way_delay"] == 0.030
+    lab("restore", "east", "west")
+    assert throughput("east", 2) == pytest.approx(before, rel=0.05)
+    assert rtt_p50("east", 2) == pytest.approx(0.020, abs=0.0005 + 0.02 * 0.020)
+
+
+def test_status_reports_a_dead_delay_line(lab_up: Path) -> None:
+    status = json.loads(lab("status", "--json").stdout)
+    line = next(p for p in status["processes"] if p["what"] == "delay-line")
+    os.kill(line["pid"], 9)
+    text = lab("status").stdout
+    assert "delay-line" in text and "DEAD" in text
+
+
+def test_exec_runs_inside_the_host(lab_up: Path) -> None:
+    out = lab("exec", "north", "--", "ip", "-4", "addr", "show", "eth0").stdout
+    assert address(3) in out
+    cc = lab("exec", "east", "--", "sysctl", "-n", "net.ipv4.tcp_congestion_control").stdout
+    assert cc.strip() == "cubic"
+
+
+def test_bad_topology_names_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("hosts:\n  - {name: a, region: r}\n  - {name: b, region: r}\npaths:\n"
+                   "  - {between: [a, mars], rate: fast}\n")
+    proc = lab("check-topology", str(bad), check=False)
+    assert proc.returncode == 2
+    assert f"{bad}:5: paths.0.rate: rate: cannot read 'fast'" in proc.stderr
+
+
+def test_topology_helper_parses_default() -> None:
+    from pathprobe.lab import topology as topo_mod
+
+    default = topo_mod.load(None)
+    assert [h.name for h in default.hosts] == ["tokyo-a", "tokyo-b", "osaka-a", "singapore-a"]
+    assert topology(TOPOLOGY).hosts[0].congestion == "cubic"
