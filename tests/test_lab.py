@@ -34,12 +34,16 @@ def lab(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 def root_leftovers() -> list[str]:
     """Anything of the lab's visible from the root namespace."""
     out = []
-    out += [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-            if n.startswith(net.PREFIX)]
+    out += [
+        n
+        for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+        if n.startswith(net.PREFIX)
+    ]
     if subprocess.run(["ip", "link", "show", net.ROOT_LINK], capture_output=True).returncode == 0:
         out.append(net.ROOT_LINK)
-    out += [r for r in subprocess.run(["ip", "route"], capture_output=True, text=True).stdout.splitlines()
-            if "198.18." in r]
+    out += [
+        r for r in subprocess.run(["ip", "route"], capture_output=True, text=True).stdout.splitlines() if "198.18." in r
+    ]
     if net.NFT_TABLE in subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout:
         out.append("nft table")
     if "NFQUEUE" in subprocess.run([net.iptables(), "-S"], capture_output=True, text=True).stdout:
@@ -61,8 +65,12 @@ def lab_up(tmp_path: Path) -> Iterator[Path]:
 @pytest.fixture
 def serving(lab_up: Path) -> Iterator[None]:
     """`pathprobe serve` (iperf3 server, TCP RR, UDP echo) on host west."""
-    serve = subprocess.Popen(net.in_ns(net.ns("west"), [*PATHPROBE, "serve", "--allow", "198.18.0.0/15"]),
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    serve = subprocess.Popen(
+        net.in_ns(net.ns("west"), [*PATHPROBE, "serve", "--allow", "198.18.0.0/15"]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     assert serve.stdout is not None and b"pathprobe serve" in serve.stdout.readline()  # ready
     yield
     serve.terminate()
@@ -141,8 +149,9 @@ def test_exec_runs_inside_the_host(lab_up: Path) -> None:
 
 def test_bad_topology_names_the_field(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text("hosts:\n  - {name: a, region: r}\n  - {name: b, region: r}\npaths:\n"
-                   "  - {between: [a, mars], rate: fast}\n")
+    bad.write_text(
+        "hosts:\n  - {name: a, region: r}\n  - {name: b, region: r}\npaths:\n  - {between: [a, mars], rate: fast}\n"
+    )
     proc = lab("check-topology", str(bad), check=False)
     assert proc.returncode == 2
     assert f"{bad}:5: paths.0.rate: rate: cannot read 'fast'" in proc.stderr

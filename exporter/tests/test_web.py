@@ -1,6 +1,8 @@
 """/metrics serving: snapshots, basic auth (WSGI app called directly)."""
 
 import base64
+import gzip
+import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
@@ -29,19 +31,28 @@ def test_scrape_serves_the_snapshot_and_refreshes_behind() -> None:
     snap = Snapshot(r)
     assert b"pathprobe_test_value 1.0" in snap.get()
     g.set(2)
-    snap._render()  # what the background refresh does
+    snap.render()  # what the background refresh does
     body = snap.get()
     assert b"pathprobe_test_value 2.0" in body
     assert b"pathprobe_scrape_snapshot_age_seconds" in body
     assert b"pathprobe_scrape_render_seconds" in body
 
 
-def test_old_snapshot_is_rendered_in_the_request() -> None:
+def test_background_refresh_picks_up_new_values() -> None:
     r, g = registry_with(1)
-    snap = Snapshot(r, max_age=0.0)
+    snap = Snapshot(r, refresh=0.05)
     snap.get()
     g.set(3)
+    deadline = time.monotonic() + 5
+    while b"pathprobe_test_value 3.0" not in snap.get() and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert b"pathprobe_test_value 3.0" in snap.get()
+
+
+def test_gzip_snapshot_is_complete() -> None:
+    r, _ = registry_with(5)
+    body = gzip.decompress(Snapshot(r).get(gzipped=True))  # two gzip members: snapshot, trailer
+    assert b"pathprobe_test_value 5.0" in body and b"pathprobe_scrape_snapshot_age_seconds" in body
 
 
 def test_basic_auth() -> None:

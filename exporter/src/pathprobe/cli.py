@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--echo-port", type=int, default=9470)
     s.add_argument("--iperf3-port", type=int, default=5201)
     s.add_argument("--iperf3", default="iperf3", help="iperf3 binary")
+    s.add_argument("--rr-max-connections-per-source", type=int, default=4)
     s.set_defaults(func=cmd_serve)
 
     probe = sub.add_parser("probe", help="one-shot probes for humans").add_subparsers(required=True, metavar="PROBE")
@@ -142,7 +143,12 @@ async def _until_signalled(stop: asyncio.Event) -> None:
 # --- serve -------------------------------------------------------------------
 def cmd_serve(args: argparse.Namespace) -> int:
     allow = AllowList(args.allow or ["127.0.0.0/8", "::1/128"])
-    settings = config.Responders(listen=args.listen, rr_port=args.rr_port, echo_port=args.echo_port)
+    settings = config.Responders(
+        listen=args.listen,
+        rr_port=args.rr_port,
+        echo_port=args.echo_port,
+        rr_max_connections_per_source=args.rr_max_connections_per_source,
+    )
     iperf_settings = config.Iperf3Settings(binary=args.iperf3, port=args.iperf3_port)
 
     async def serve() -> None:

@@ -111,7 +111,10 @@ class Peer(Strict):
     zone: str = ""
     path_class: PathClass
     instance_type: str = ""
+    # Ports of this peer's responders when they differ from this host's own.
     iperf3_port: int | None = Field(default=None, ge=1, le=65535)
+    rr_port: int | None = Field(default=None, ge=1, le=65535)
+    echo_port: int | None = Field(default=None, ge=1, le=65535)
     throughput: ThroughputOverrides = ThroughputOverrides()
     rtt_ceiling_seconds: float | None = Field(default=None, gt=0)
     limits: Limits = Limits()

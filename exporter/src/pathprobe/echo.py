@@ -11,6 +11,7 @@ same packet as a duplicate, an echo older than the newest one seen as reordered.
 from __future__ import annotations
 
 import asyncio
+import socket
 import struct
 import time
 from collections import OrderedDict
@@ -26,6 +27,7 @@ REFUSED = b"PPUN"
 REFUSAL = struct.Struct("!4sQ")
 # Jitter gain of RFC 3550 (interarrival jitter), applied to successive RTTs.
 JITTER_GAIN = 1 / 16
+IP_PKTINFO = 8  # Linux; not exported by the socket module on every build
 
 
 class EchoSink(Protocol):
@@ -180,5 +182,52 @@ class EchoResponder(asyncio.DatagramProtocol):
 
     async def start(self, host: str, port: int) -> asyncio.DatagramTransport:
         loop = asyncio.get_running_loop()
-        transport, _ = await loop.create_datagram_endpoint(lambda: self, local_addr=(host, port), reuse_port=False)
-        return transport
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.setblocking(False)
+        if family == socket.AF_INET:
+            sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
+        else:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, 1)
+        self.transport = _PktinfoTransport(sock)
+        loop.add_reader(sock, self._read, sock)
+        return self.transport  # type: ignore[return-value]
+
+    def _read(self, sock: socket.socket) -> None:
+        # Reply from the address the request was sent to: a host with several addresses
+        # (or a responder bound to 0.0.0.0) would otherwise answer from another one, and
+        # the prober's connected socket would drop the answer.
+        for _ in range(64):
+            try:
+                data, ancdata, _, addr = sock.recvmsg(2048, socket.CMSG_SPACE(64))
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                continue
+            assert isinstance(self.transport, _PktinfoTransport)
+            self.transport.pktinfo = [
+                (lvl, kind, payload)
+                for lvl, kind, payload in ancdata
+                if (lvl, kind) in ((socket.IPPROTO_IP, IP_PKTINFO), (socket.IPPROTO_IPV6, socket.IPV6_PKTINFO))
+            ]
+            self.datagram_received(data, addr)
+
+
+class _PktinfoTransport:
+    """Just what EchoResponder needs of a transport: sendto from the request's own address."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.pktinfo: list[tuple[int, int, bytes]] = []
+
+    def sendto(self, data: bytes, addr: tuple[str, int]) -> None:
+        try:
+            self.sock.sendmsg([data], self.pktinfo, 0, addr)
+        except OSError:
+            pass  # a full buffer or a vanished route: the prober counts the loss
+
+    def close(self) -> None:
+        asyncio.get_running_loop().remove_reader(self.sock)
+        self.sock.close()

@@ -118,7 +118,7 @@ class Exporter:
                 r = cfg.probes.rtt
                 client = RrClient(
                     addr,
-                    cfg.responders.rr_port,
+                    peer.rr_port or cfg.responders.rr_port,
                     r.interval_seconds,
                     r.size_bytes,
                     r.timeout_seconds,
@@ -129,7 +129,7 @@ class Exporter:
                 lo = cfg.probes.loss
                 echo = EchoClient(
                     addr,
-                    cfg.responders.echo_port,
+                    peer.echo_port or cfg.responders.echo_port,
                     lo.rate_pps,
                     lo.size_bytes,
                     lo.timeout_seconds,

@@ -51,8 +51,8 @@ def add_parsers(sub: Any) -> None:
 
     demo = sub.add_parser("demo", help="lab + exporters + Prometheus + Alertmanager, with a live table")
     demo.add_argument("--topology")
-    demo.add_argument("--prometheus-port", type=int, default=9090)
-    demo.add_argument("--alertmanager-port", type=int, default=9093)
+    demo.add_argument("--prometheus-port", type=int, default=19090)
+    demo.add_argument("--alertmanager-port", type=int, default=19093)
     demo.add_argument("--slot-seconds", type=float, default=40)
     demo.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0: until Ctrl-C)")
     demo.add_argument("--workdir", default="/var/tmp/pathprobe-demo")

@@ -24,7 +24,7 @@ import yaml
 from . import net, topology
 from .configs import exporter_config, prometheus_config
 
-WEBHOOK_PORT = 9099
+WEBHOOK_PORT = 19099
 
 
 def repo_dir(name: str) -> Path | None:

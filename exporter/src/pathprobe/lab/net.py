@@ -304,8 +304,9 @@ def _restart_delay_line(state: State, queues: dict[int, float]) -> None:
         cmd = in_ns(ROUTER, [sys.executable, "-m", "pathprobe.lab.delayline", "--queues", json.dumps(queues)])
         log_path = STATE_DIR / "delay-line.log"
         with log_path.open("ab") as log_file:
-            child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
+            child = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL, start_new_session=True
+            )
         state.processes.append({"pid": child.pid, "what": "delay-line", "queues": queues})
         state.save()
         # It prints "ready" once every queue is bound; until then packets would pass undelayed.

@@ -1,0 +1,173 @@
+"""Exporter benchmark: scrape latency with 500 peers' worth of results, and the
+exporter's CPU and memory idle and while probing 50 peers at 10 RTT/s each.
+
+Run: .venv/bin/python bench/exporter_bench.py   (loopback only; about 2 minutes)
+Targets (issue 2): scrape p99 < 20 ms, idle RSS < 60 MB, < 5% of one core for 50 peers.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from pathprobe.config import Config
+from pathprobe.metrics import Metrics, peer_labels, test_keys
+from pathprobe.results import ThroughputResult
+from pathprobe.web import serve
+
+PATHPROBE = [sys.executable, "-m", "pathprobe"]
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def mesh(n: int, **probes: object) -> dict:
+    peers = [
+        {"name": f"peer-{i:03d}", "address": f"127.0.{1 + i // 250}.{1 + i % 250}", "region": f"region-{i % 12}",
+         "path_class": "inter_region", "rr_port": 19470, "echo_port": 19470}
+        for i in range(n)
+    ]  # fmt: skip
+    return {
+        "host": {"name": "bench", "address": "127.0.0.1", "region": "region-0"},
+        "peers": peers,
+        "probes": probes,
+        "schedule": {"slot_seconds": 600},
+        "responders": {"listen": "127.0.0.1", "rr_port": 29470, "echo_port": 29470},
+        "iperf3": {"port": 25201},
+        "web": {"listen": "127.0.0.1:19469"},
+        "budget": {"state_file": "/tmp/pathprobe-bench-budget.json"},
+    }
+
+
+def scrape_latency(peers: int = 500, scrapes: int = 300) -> dict[str, float]:
+    """Fill the registry as 500 peers' probes would, then time scrapes over HTTP."""
+    cfg = Config.model_validate(mesh(peers, throughput={"protocols": ["tcp", "udp"], "streams": [1, 8]}))
+    m = Metrics()
+    m.describe_mesh(cfg, "bench", 600.0, peers + 1)
+    rnd = random.Random(1)
+    for peer in cfg.peers:
+        for proto in ("tcp", "udp"):
+            h = m.rtt.labels(*peer_labels(peer), proto)
+            for _ in range(200):
+                h.observe(rnd.uniform(0.001, 0.2))
+        for protocol, streams, direction in test_keys(cfg.throughput_for(peer)):
+            r = ThroughputResult(protocol, int(streams), direction, 5, 1, None, None, 6e8, 6e8, 3 * 10**9,
+                                 retransmits=3, timestamp=time.time())  # fmt: skip
+            m.record_throughput(peer, r, r.bytes_transferred)
+    server = serve(cfg.web, m.registry)
+    url = "http://127.0.0.1:19469/metrics"
+    times, body = [], b""
+    try:
+        for _ in range(scrapes):
+            # Probes keep writing while Prometheus scrapes.
+            m.rtt.labels(*peer_labels(cfg.peers[0]), "tcp").observe(0.01)
+            start = time.perf_counter()
+            # As Prometheus asks: gzip accepted.
+            request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+            with urllib.request.urlopen(request, timeout=10) as r:
+                raw = r.read()
+            times.append(time.perf_counter() - start)  # the scraper's own decompression not included
+            body = gzip.decompress(raw)
+            time.sleep(0.01)
+    finally:
+        server.shutdown()
+    times.sort()
+    return {"p50": times[len(times) // 2], "p99": times[int(len(times) * 0.99)], "max": times[-1],
+            "bytes": len(body), "lines": body.count(b"\n")}  # fmt: skip
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def exporter_cost(peers: int, probes: dict, seconds: float = 30) -> tuple[float, float]:
+    """(share of one core, RSS MB) of a real `pathprobe run`, measured over `seconds`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg_file = Path(tmp) / "bench.yaml"
+        cfg_file.write_text(yaml.safe_dump(mesh(peers, **probes)))
+        proc = subprocess.Popen(
+            [*PATHPROBE, "run", "--config", str(cfg_file)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:  # ready when /metrics answers
+                try:
+                    urllib.request.urlopen("http://127.0.0.1:19469/metrics", timeout=1).read()
+                    break
+                except OSError:
+                    time.sleep(0.2)
+            time.sleep(5)  # settle: connections made, first results in
+            c0, t0 = cpu_seconds(proc.pid), time.monotonic()
+            time.sleep(seconds)
+            share = (cpu_seconds(proc.pid) - c0) / (time.monotonic() - t0)
+            rss = rss_mb(proc.pid)
+            text = urllib.request.urlopen("http://127.0.0.1:19469/metrics", timeout=5).read().decode()
+            ok = sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("pathprobe_probe_runs_total") and 'result="ok"' in line
+            )
+            failed = sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("pathprobe_probe_runs_total") and 'result="ok"' not in line
+            )
+            print(f"  ({peers} peers, {probes}: {ok:.0f} ok probe runs, {failed:.0f} failed)", file=sys.stderr)
+            return share, rss
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+def main() -> None:
+    # Listening on every address so that it answers all of 127.0.x.y (loopback only).
+    responders = subprocess.Popen([*PATHPROBE, "serve", "--listen", "0.0.0.0", "--allow", "127.0.0.0/8",
+                                   "--rr-port", "19470", "--echo-port", "19470", "--iperf3-port", "15201",
+                                   # every prober connects from 127.0.0.1 here
+                                   "--rr-max-connections-per-source", "100"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+    assert responders.stdout is not None and responders.stdout.readline()  # ready
+    try:
+        s = scrape_latency()
+        off = {"throughput": {"enabled": False}, "rtt": {"enabled": False}, "loss": {"enabled": False}}
+        idle_cpu, idle_rss = exporter_cost(50, off, seconds=15)
+        busy = {"throughput": {"enabled": False}, "rtt": {"interval_seconds": 0.1}, "loss": {"rate_pps": 10}}
+        rtt_cpu, rtt_rss = exporter_cost(50, {**busy, "loss": {"enabled": False}})
+        all_cpu, all_rss = exporter_cost(50, busy)
+    finally:
+        responders.terminate()
+        responders.wait(timeout=10)
+    rows = [
+        ("scrape p50, 500 peers (ms)", f"{s['p50'] * 1e3:.2f}", ""),
+        ("scrape p99, 500 peers (ms)", f"{s['p99'] * 1e3:.2f}", "< 20"),
+        ("first scrape, renders in the request (ms)", f"{s['max'] * 1e3:.2f}", ""),
+        ("exposition size, 500 peers", f"{s['bytes'] / 1e6:.1f} MB, {s['lines']:.0f} lines", ""),
+        ("idle RSS, 50 peers (MB)", f"{idle_rss:.1f}", "< 60"),
+        ("idle CPU, 50 peers (% of a core)", f"{idle_cpu * 100:.2f}", ""),
+        ("CPU, 50 peers x 10 RTT/s (% of a core)", f"{rtt_cpu * 100:.2f}", "< 5"),
+        ("CPU, 50 peers x (10 RTT/s + 10 UDP echo/s)", f"{all_cpu * 100:.2f}", ""),
+        ("RSS, 50 peers probing (MB)", f"{max(rtt_rss, all_rss):.1f}", ""),
+    ]
+    print(f"{'measure':45} {'value':>22} {'target':>8}")
+    for name, value, target in rows:
+        print(f"{name:45} {value:>22} {target:>8}")
+    print(f"\npython {sys.version.split()[0]}, {os.cpu_count()} cores, {len(os.sched_getaffinity(0))} usable")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what pathprobe's lab, demo and tests need, on Debian or Ubuntu, as root:
+# the distribution's iperf3, Prometheus, Alertmanager and network tools, and the
+# Python package (pinned, with its dev tools) in .venv/. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(iperf3 iproute2 nftables iptables iputils-ping procps python3-venv prometheus prometheus-alertmanager)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if [ ! -x .venv/bin/pathprobe ] || [ exporter/pyproject.toml -nt .venv/.installed ]; then
+  python3 -m venv .venv
+  .venv/bin/pip install -q -e 'exporter[dev]'
+  touch .venv/.installed
+fi

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Sets up (scripts/setup.sh) and runs every check: lint, types, unit tests,
+# then integration tests against real namespaces, iperf3, Prometheus and Alertmanager.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check exporter tests bench
+.venv/bin/ruff format --check exporter tests bench
+(cd exporter && ../.venv/bin/mypy src)
+.venv/bin/pytest -v exporter/tests tests "$@"

@@ -1,0 +1,55 @@
+"""`pathprobe demo` brings up the whole stack and Prometheus holds every path."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from helpers import PATHPROBE, wait_for
+from test_lab import root_leftovers
+
+from pathprobe.lab import topology
+
+PROM = "http://127.0.0.1:19090"
+
+
+def query(expr: str) -> list[dict]:
+    url = f"{PROM}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.load(r)["data"]["result"]
+
+
+def test_demo_fills_prometheus_for_every_path_then_cleans_up(tmp_path: Path) -> None:
+    hosts = [h.name for h in topology.load(None).hosts]
+    paths = {(a, b) for a in hosts for b in hosts if a != b}
+    demo = subprocess.Popen(
+        [*PATHPROBE, "demo", "--slot-seconds", "30", "--workdir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+
+        def measured(metric: str) -> set[tuple[str, str]]:
+            return {(s["metric"]["host"], s["metric"]["peer"]) for s in query(metric)}
+
+        # Every directed path: RTT at once, throughput within one rotation (3 slots of 30 s).
+        wait_for("RTT for every path", lambda: measured("pathprobe_rtt_seconds_count") >= paths, timeout=60)
+        wait_for(
+            "throughput for every path",
+            lambda: measured('pathprobe_throughput_bytes_per_second{direction="send"}') >= paths,
+            timeout=240,
+        )
+        targets = json.load(urllib.request.urlopen(f"{PROM}/api/v1/targets", timeout=5))["data"]["activeTargets"]
+        assert {t["labels"]["host"] for t in targets} == set(hosts)
+        assert all(t["health"] == "up" and t["labels"]["region"] for t in targets)
+    finally:
+        demo.send_signal(signal.SIGINT)
+        out, _ = demo.communicate(timeout=60)
+    assert demo.returncode == 0, out[-2000:]
+    assert "removed namespace pp-router" in out
+    assert root_leftovers() == []
