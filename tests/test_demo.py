@@ -9,9 +9,9 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from helpers import PATHPROBE, wait_for
 from test_lab import root_leftovers
 
+from helpers import PATHPROBE, wait_for
 from pathprobe.lab import topology
 
 PROM = "http://127.0.0.1:19090"

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import PATHPROBE, in_host, payload_rate, topology
 
+from helpers import PATHPROBE, in_host, payload_rate, topology
 from pathprobe.lab import net
 from pathprobe.lab.topology import address
 
@@ -31,22 +31,19 @@ def lab(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+def output(*cmd: str) -> str:
+    return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
+
+
 def root_leftovers() -> list[str]:
     """Anything of the lab's visible from the root namespace."""
-    out = []
-    out += [
-        n
-        for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-        if n.startswith(net.PREFIX)
-    ]
-    if subprocess.run(["ip", "link", "show", net.ROOT_LINK], capture_output=True).returncode == 0:
+    out = [n for n in output("ip", "netns", "list").split() if n.startswith(net.PREFIX)]
+    if f" {net.ROOT_LINK}@" in output("ip", "link", "show"):
         out.append(net.ROOT_LINK)
-    out += [
-        r for r in subprocess.run(["ip", "route"], capture_output=True, text=True).stdout.splitlines() if "198.18." in r
-    ]
-    if net.NFT_TABLE in subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout:
+    out += [r for r in output("ip", "route").splitlines() if "198.18." in r]
+    if net.NFT_TABLE in output("nft", "list", "tables"):
         out.append("nft table")
-    if "NFQUEUE" in subprocess.run([net.iptables(), "-S"], capture_output=True, text=True).stdout:
+    if "NFQUEUE" in output(net.iptables(), "-S"):
         out.append("iptables NFQUEUE rule")
     if net.State.file().exists():
         out.append("state file")

@@ -11,6 +11,7 @@ same packet as a duplicate, an echo older than the newest one seen as reordered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import struct
 import time
@@ -137,6 +138,10 @@ class EchoClient(asyncio.DatagramProtocol):
             transport.close()
 
 
+class _Sender(Protocol):
+    def sendto(self, data: bytes, addr: tuple[str, int]) -> None: ...
+
+
 class EchoResponder(asyncio.DatagramProtocol):
     """Echoes probe datagrams from allowed sources, at a capped rate per source."""
 
@@ -145,10 +150,10 @@ class EchoResponder(asyncio.DatagramProtocol):
         self.max_pps = max_pps_per_source
         self.count = count
         self._buckets: dict[str, tuple[float, float]] = {}  # source -> (tokens, last refill)
-        self.transport: asyncio.DatagramTransport | None = None
+        self.transport: _Sender | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # always a datagram transport here
+        self.transport = transport  # type: ignore[assignment]  # a datagram transport has sendto
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         if self.transport is None:
@@ -223,10 +228,8 @@ class _PktinfoTransport:
         self.pktinfo: list[tuple[int, int, bytes]] = []
 
     def sendto(self, data: bytes, addr: tuple[str, int]) -> None:
-        try:
+        with contextlib.suppress(OSError):  # a full buffer or a vanished route: the prober counts the loss
             self.sock.sendmsg([data], self.pktinfo, 0, addr)
-        except OSError:
-            pass  # a full buffer or a vanished route: the prober counts the loss
 
     def close(self) -> None:
         asyncio.get_running_loop().remove_reader(self.sock)
