@@ -118,6 +118,9 @@ class Peer(Strict):
     throughput: ThroughputOverrides = ThroughputOverrides()
     rtt_ceiling_seconds: float | None = Field(default=None, gt=0)
     limits: Limits = Limits()
+    # The peer's tcp_rmem max, for the receive-window bound of tests it receives;
+    # default: this host's own (a fleet tuned alike).
+    tcp_rmem_max_bytes: Bytes | None = None
 
 
 class Iperf3Auth(Strict):

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import statistics
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 
 from . import iperf
@@ -14,6 +16,7 @@ from .allow import AllowList
 from .budget import Budget
 from .config import Config, Peer, ThroughputSettings
 from .echo import EchoClient
+from .limits import expected, host_rmem_max
 from .metrics import Metrics, peer_labels, test_keys
 from .responders import iperf3_server_command, start_rr_and_echo, supervise_iperf3
 from .results import ProbeFailure, ThroughputResult
@@ -26,13 +29,15 @@ log = logging.getLogger(__name__)
 class RttMetricsSink:
     """Feeds TCP request/response outcomes of one peer into the metrics."""
 
-    def __init__(self, m: Metrics, peer: Peer, size: int):
+    def __init__(self, m: Metrics, peer: Peer, size: int, recent: deque[float]):
         self.m, self.peer, self.size = m, peer.name, size
         self.hist = m.rtt.labels(*peer_labels(peer), "tcp")
         self.sent = m.bytes_sent.labels("rtt", peer.name)
+        self.recent = recent  # for the receive-window bound
 
     def rtt(self, seconds: float) -> None:
         self.hist.observe(seconds)
+        self.recent.append(seconds)
         self.sent.inc(self.size)
         self.m.success("rtt", self.peer)
 
@@ -89,10 +94,36 @@ class Exporter:
         self.schedule = Schedule.of([cfg.host.name, *self.peers], cfg.schedule.slot_seconds)
         self.budget = Budget(cfg.budget.daily_bytes, cfg.budget.state_file, clock)
         self._last_bytes: dict[tuple[str, tuple[str, str, str]], int] = {}
+        self.rmem_max = cfg.tcp_rmem_max_bytes or host_rmem_max()
+        self.recent_rtts: dict[str, deque[float]] = {p: deque(maxlen=256) for p in self.peers}
+        self._binding: dict[tuple[str, ...], str] = {}
         metrics.describe_mesh(
             cfg, self.schedule.fingerprint, self.schedule.rotation_seconds, len(self.schedule.members)
         )
         self._update_budget_metrics()
+        for peer in cfg.peers:
+            self.update_expected(peer)
+
+    def update_expected(self, peer: Peer) -> None:
+        """Expected throughput of every test against `peer`, with the binding limit as a label."""
+        settings = self.cfg.throughput_for(peer)
+        if not settings.enabled:
+            return
+        recent = self.recent_rtts[peer.name]
+        rtt = statistics.median(recent) if len(recent) >= 10 else None
+        for key in test_keys(settings):
+            protocol, streams, direction = key
+            receiver_rmem = (peer.tcp_rmem_max_bytes or self.rmem_max) if direction == "send" else self.rmem_max
+            e = expected(peer, self.cfg.host.instance_type, protocol, int(streams), receiver_rmem, rtt,
+                         settings.udp_bitrate, self.cfg.limits_scale)  # fmt: skip
+            labels = (*peer_labels(peer), *key)
+            old = self._binding.get(labels)
+            if old is not None and old != e.limit:
+                self.m.expected.remove(*labels, old)
+            self._binding[labels] = e.limit
+            self.m.expected.labels(*labels, e.limit).set(e.bits_per_second / 8)
+            if "receive_window" in e.candidates:
+                self.m.receive_window_bound.labels(*labels).set(e.candidates["receive_window"] / 8)
 
     def allow_list(self) -> AllowList:
         return AllowList([*(str(p.address) for p in self.cfg.peers), *self.cfg.responders.allow])
@@ -122,7 +153,7 @@ class Exporter:
                     r.interval_seconds,
                     r.size_bytes,
                     r.timeout_seconds,
-                    RttMetricsSink(self.m, peer, r.size_bytes),
+                    RttMetricsSink(self.m, peer, r.size_bytes, self.recent_rtts[peer.name]),
                 )
                 tasks.append(asyncio.create_task(client.run(), name=f"rtt-{peer.name}"))
             if cfg.probes.loss.enabled:
@@ -171,6 +202,7 @@ class Exporter:
             self._update_budget_metrics()
             if settings.enabled:
                 self.m.schedule_turns.inc()
+                self.update_expected(peer)
                 await self.run_turn(peer, settings, turn.end)
             # Never take the same turn twice.
             await asyncio.sleep(max(0.0, turn.end - self.clock()))

@@ -29,6 +29,7 @@ def exporter_config(
                 "zone": other.zone,
                 "instance_type": other.instance_type,
                 "path_class": paths[(host_name, other.name)].path_class.value,
+                **({"tcp_rmem_max_bytes": other.tcp_rmem_max} if other.tcp_rmem_max else {}),
             }
         )
     probes: dict[str, Any] = {
