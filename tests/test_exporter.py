@@ -128,9 +128,14 @@ def test_outsider_is_refused_and_counted(mesh: dict) -> None:
     loss = in_host("delta", [*PATHPROBE, "probe", "loss", address(1), "-c", "5", "--timeout", "1", "--json"])
     assert loss.returncode == 1
     assert '"not_allowed": 5' in loss.stdout
-    s = scrape(ALPHA)
-    assert value(s, "pathprobe_responder_requests_total", responder="rr", result="not_allowed") >= 1
-    assert value(s, "pathprobe_responder_requests_total", responder="echo", result="not_allowed") >= 5
+
+    # /metrics serves a snapshot up to 5 s old: wait for the next one.
+    def refused(responder: str) -> float:
+        return (
+            value(scrape(ALPHA), "pathprobe_responder_requests_total", responder=responder, result="not_allowed") or 0
+        )
+
+    wait_for("refusals counted", lambda: refused("rr") >= 1 and refused("echo") >= 5, timeout=15)
     # A peer is answered by the same responders.
     ok = in_host("beta", [*PATHPROBE, "probe", "rtt", address(1), "-c", "3", "-i", "0.05"])
     assert ok.returncode == 0, ok.stderr
