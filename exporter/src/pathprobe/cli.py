@@ -8,19 +8,23 @@ import contextlib
 import ipaddress
 import json
 import logging
+import os
 import signal
 import sys
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 
-from . import __version__, config, iperf
+from . import __version__, alerts, config, iperf, lab_cli
 from .allow import AllowList
 from .echo import EchoClient
+from .exporter import Exporter
 from .metrics import Metrics
 from .responders import iperf3_server_command, start_rr_and_echo, supervise_iperf3
 from .results import ProbeFailure, RttReport, Summary, ThroughputResult
 from .rr import RrClient
 from .units import format_bits, format_seconds, parse_quantity
+from .web import serve
 from .yamlfile import ConfigError
 
 log = logging.getLogger("pathprobe")
@@ -112,7 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", required=True)
     run.set_defaults(func=cmd_run)
 
-    from . import lab_cli
+    al = sub.add_parser("alerts", help="Prometheus rules").add_subparsers(required=True, metavar="ACTION")
+    ar = al.add_parser("render", help="write the recording and alerting rules from parameters")
+    ar.add_argument("--params", help="YAML of alerts parameters (see alerts/README.md); default: the defaults")
+    ar.add_argument("--out", help="file to write (atomically); default: standard output")
+    ar.set_defaults(func=cmd_alerts_render)
 
     lab_cli.add_parsers(sub)
     return p
@@ -327,9 +335,6 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .exporter import Exporter
-    from .web import serve
-
     cfg = config.load(args.config)
     metrics = Metrics()
     server = serve(cfg.web, metrics.registry)
@@ -344,6 +349,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         asyncio.run(run())
     finally:
         server.shutdown()
+    return 0
+
+
+def cmd_alerts_render(args: argparse.Namespace) -> int:
+    text = alerts.dump(alerts.load_params(args.params))
+    if args.out:
+        out = Path(args.out)
+        tmp = out.with_suffix(out.suffix + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, out)
+    else:
+        sys.stdout.write(text)
     return 0
 
 

@@ -99,6 +99,8 @@ class Metrics:
             buckets=RTT_BUCKETS,
             registry=r,
         )
+        self.rtt_ceiling = g("pathprobe_rtt_ceiling_seconds",
+                             "Configured RTT ceiling of a path (peers[].rtt_ceiling_seconds), for alerting.", PEER)
         self.rtt_settings = g(
             "pathprobe_rtt_settings_info",
             "Settings of the RTT probes (value 1): interval between requests, size, timeout.",
@@ -192,6 +194,8 @@ class Metrics:
         self.budget_limit.set(cfg.budget.daily_bytes)
         for peer in cfg.peers:
             self.peer_info.labels(peer.name, peer.region, peer.zone, peer.path_class.value, str(peer.address)).set(1)
+            if peer.rtt_ceiling_seconds:
+                self.rtt_ceiling.labels(*peer_labels(peer)).set(peer.rtt_ceiling_seconds)
             for probe in PROBES:
                 # Start every outcome at zero so that increase() sees the first failure.
                 for reason in REASONS:

@@ -1,0 +1,215 @@
+"""Prometheus recording and alerting rules, rendered from documented parameters.
+
+As the monitoring mixins do, thresholds and windows live in one parameter set
+(`Params`, overridable from a YAML file) instead of being buried in expressions;
+`pathprobe alerts render` writes the rule file. alerts/pathprobe.rules.yml is the
+rendering of the defaults (a test keeps them equal); the lab demo renders
+short windows so that a fire drill takes minutes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field
+
+from . import yamlfile
+from .config import Strict
+
+# Labels that identify one measured path on one exporter (target labels + peer side).
+PATH = "instance, peer"
+TEST = "instance, peer, protocol, streams, direction"
+
+
+class Params(Strict):
+    """Every threshold and window of the rules; the defaults suit production meshes."""
+
+    runbook_url: str = Field(default="https://github.com/pathprobe/pathprobe/blob/main/alerts/runbook.md",
+                             description="the runbook; each alert links to its section")  # fmt: skip
+    job: str = Field(default="pathprobe", description="the scrape job of the exporters")
+    throughput_ratio_warning: float = Field(default=0.8, gt=0, le=1, description="share of expected, warning")
+    throughput_ratio_critical: float = Field(default=0.5, gt=0, le=1, description="share of expected, critical")
+    throughput_window: str = Field(default="2h", description="every test in this window is below (>= 2 rotations)")
+    tgw_utilisation_warning: float = Field(default=0.8, gt=0, le=1, description="share of the TGW attachment limit")
+    rtt_baseline_ratio: float = Field(default=1.5, gt=1, description="30-minute RTT p50 against the 7-day p50")
+    rtt_baseline_min_increase_seconds: float = Field(default=0.002, ge=0, description="ignore smaller increases")
+    rtt_recent_window: str = Field(default="30m", description="the 'now' of the RTT baseline comparison")
+    rtt_baseline_window: str = Field(default="7d", description="the baseline of the RTT comparison")
+    rtt_for: str = Field(default="15m")
+    loss_ratio_warning: float = Field(default=0.01, gt=0, lt=1)
+    loss_ratio_critical: float = Field(default=0.05, gt=0, lt=1)
+    loss_window: str = Field(default="10m")
+    loss_for: str = Field(default="10m")
+    unreachable_window: str = Field(default="5m")
+    unreachable_for: str = Field(default="5m")
+    stale_rotations: float = Field(default=3, gt=1, description="no successful test in this many rotations")
+    exporter_down_for: str = Field(default="5m")
+    budget_for: str = Field(default="15m")
+    refused_window: str = Field(default="15m")
+    schedule_mismatch_for: str = Field(default="30m")
+    evaluation_interval: str = Field(default="1m", description="of the rule groups (the 7-day one runs at 5m)")
+
+
+def _alert(name: str, expr: str, severity: str, summary: str, description: str, p: Params,
+           for_: str | None = None) -> dict[str, Any]:  # fmt: skip
+    rule: dict[str, Any] = {"alert": name, "expr": expr.strip()}
+    if for_:
+        rule["for"] = for_
+    rule["labels"] = {"severity": severity}
+    rule["annotations"] = {
+        "summary": summary,
+        "description": description,
+        "runbook_url": f"{p.runbook_url}#{name.lower()}",
+    }
+    return rule
+
+
+def render(p: Params) -> dict[str, Any]:
+    sel = f'job="{p.job}"'
+    path_text = "{{ $labels.host }} ({{ $labels.region }}) -> {{ $labels.peer }} ({{ $labels.peer_region }})"
+    test_text = path_text + " {{ $labels.protocol }} x{{ $labels.streams }} {{ $labels.direction }}"
+    recording = [
+        {"record": "path:pathprobe_throughput_bits_per_second:last",
+         "expr": f"pathprobe_throughput_bytes_per_second{{{sel}}} * 8"},
+        {"record": "path:pathprobe_throughput_expected_bits_per_second:last",
+         "expr": f"pathprobe_throughput_expected_bytes_per_second{{{sel}}} * 8"},
+        {"record": "path:pathprobe_throughput_expected_ratio:last",
+         "expr": f"pathprobe_throughput_bytes_per_second{{{sel}}}\n"
+                 f"  / ignoring (limit) group_right ()\n"
+                 f"pathprobe_throughput_expected_bytes_per_second{{{sel}}}"},
+        {"record": "path:pathprobe_udp_loss_ratio:rate5m",
+         "expr": f"rate(pathprobe_udp_packets_lost_total{{{sel}}}[5m])\n"
+                 f"  / rate(pathprobe_udp_packets_sent_total{{{sel}}}[5m])"},
+        {"record": "path:pathprobe_rtt_seconds:p50_5m",
+         "expr": f"histogram_quantile(0.5, rate(pathprobe_rtt_seconds_bucket{{{sel}}}[5m]))"},
+        {"record": "path:pathprobe_rtt_seconds:p99_5m",
+         "expr": f"histogram_quantile(0.99, rate(pathprobe_rtt_seconds_bucket{{{sel}}}[5m]))"},
+        {"record": f"path:pathprobe_rtt_seconds:p50_{p.rtt_recent_window}",
+         "expr": f"histogram_quantile(0.5, rate(pathprobe_rtt_seconds_bucket{{{sel}}}[{p.rtt_recent_window}]))"},
+    ]  # fmt: skip
+    baseline = [
+        {"record": f"path:pathprobe_rtt_seconds:p50_{p.rtt_baseline_window}",
+         "expr": f"histogram_quantile(0.5, rate(pathprobe_rtt_seconds_bucket{{{sel}}}[{p.rtt_baseline_window}]))"},
+    ]  # fmt: skip
+    ratio = "path:pathprobe_throughput_expected_ratio:last"
+    two_tests = (f"and on ({TEST})\nchanges(pathprobe_throughput_last_test_timestamp_seconds{{{sel}}}"
+                 f"[{p.throughput_window}]) >= 1")  # fmt: skip
+    rotations = f"on (instance) group_left () ({p.stale_rotations:g} * pathprobe_schedule_rotation_seconds{{{sel}}})"
+    recent, base = f"path:pathprobe_rtt_seconds:p50_{p.rtt_recent_window}", f"path:pathprobe_rtt_seconds:p50_{p.rtt_baseline_window}"  # noqa: E501
+    alerts = [
+        _alert("PathprobeThroughputBelowExpected",
+               f"max_over_time({ratio}[{p.throughput_window}]) < {p.throughput_ratio_warning:g}\n{two_tests}",
+               "warning", "Path throughput below its expected limit.",
+               f"{test_text}: every test in the last {p.throughput_window} reached at most "
+               "{{ $value | humanizePercentage }} of expected (binding limit: {{ $labels.limit }}).", p),
+        _alert("PathprobeThroughputFarBelowExpected",
+               f"max_over_time({ratio}[{p.throughput_window}]) < {p.throughput_ratio_critical:g}\n{two_tests}",
+               "critical", "Path throughput far below its expected limit.",
+               f"{test_text}: every test in the last {p.throughput_window} reached at most "
+               "{{ $value | humanizePercentage }} of expected (binding limit: {{ $labels.limit }}).", p),
+        _alert("PathprobeTransitGatewayNearLimit",
+               f'{ratio}{{path_class="transit_gateway", limit="transit_gateway"}} > {p.tgw_utilisation_warning:g}',
+               "warning", "A Transit Gateway path runs near its attachment limit.",
+               f"{test_text} reached {{{{ $value | humanizePercentage }}}} of the Transit Gateway attachment limit: "
+               "plan capacity (more attachments, or VPC peering).", p),
+        _alert("PathprobeRttAboveBaseline",
+               f"{recent} > {p.rtt_baseline_ratio:g} * {base}\n"
+               f"and ({recent} - {base}) > {p.rtt_baseline_min_increase_seconds:g}",
+               "warning", "Path RTT above its own baseline.",
+               f"{path_text} {{{{ $labels.protocol }}}} RTT p50 over {p.rtt_recent_window} is "
+               f"{{{{ $value | humanizeDuration }}}}, more than {p.rtt_baseline_ratio:g}x its {p.rtt_baseline_window} "
+               "p50.", p, p.rtt_for),
+        _alert("PathprobeRttAboveCeiling",
+               f'path:pathprobe_rtt_seconds:p50_5m{{protocol="tcp"}}\n'
+               f"  > on ({PATH}) group_left () pathprobe_rtt_ceiling_seconds{{{sel}}}",
+               "warning", "Path RTT above its configured ceiling.",
+               f"{path_text} RTT p50 is {{{{ $value | humanizeDuration }}}}, above the path's configured ceiling.",
+               p, p.rtt_for),
+        _alert("PathprobePacketLossHigh",
+               f"sum by ({PATH}, host, region, peer_region) (increase(pathprobe_udp_packets_lost_total{{{sel}}}"
+               f"[{p.loss_window}]))\n  / sum by ({PATH}, host, region, peer_region) "
+               f"(increase(pathprobe_udp_packets_sent_total{{{sel}}}[{p.loss_window}])) > {p.loss_ratio_warning:g}",
+               "warning", "Packet loss on a path.",
+               f"{path_text} loses {{{{ $value | humanizePercentage }}}} of UDP echo packets over {p.loss_window}.",
+               p, p.loss_for),
+        _alert("PathprobePacketLossCritical",
+               f"sum by ({PATH}, host, region, peer_region) (increase(pathprobe_udp_packets_lost_total{{{sel}}}"
+               f"[{p.loss_window}]))\n  / sum by ({PATH}, host, region, peer_region) "
+               f"(increase(pathprobe_udp_packets_sent_total{{{sel}}}[{p.loss_window}])) > {p.loss_ratio_critical:g}",
+               "critical", "Heavy packet loss on a path.",
+               f"{path_text} loses {{{{ $value | humanizePercentage }}}} of UDP echo packets over {p.loss_window}.",
+               p, p.loss_for),
+        _alert("PathprobePeerUnreachable",
+               f'sum by ({PATH}, host, region) (increase(pathprobe_probe_runs_total{{{sel}, probe="rtt", '
+               f'result="ok"}}[{p.unreachable_window}])) == 0\nand on ({PATH})\n'
+               f'sum by ({PATH}) (increase(pathprobe_probe_runs_total{{{sel}, probe="rtt", result!="ok"}}'
+               f"[{p.unreachable_window}])) > 0",
+               "critical", "A peer does not answer.",
+               f"{{{{ $labels.host }}}} ({{{{ $labels.region }}}}) has had no answer from {{{{ $labels.peer }}}} "
+               f"for {p.unreachable_window}.", p, p.unreachable_for),
+        _alert("PathprobeThroughputResultsStale",
+               f'(time() - pathprobe_probe_last_success_timestamp_seconds{{{sel}, probe="throughput"}})\n'
+               f"  > {rotations}\n"
+               f"or on ({PATH}) (max by ({PATH}, host, region) (pathprobe_throughput_settings_info{{{sel}}})\n"
+               f'  unless on ({PATH}) pathprobe_probe_last_success_timestamp_seconds{{{sel}, probe="throughput"}}\n'
+               f"  and on (instance) (time() - process_start_time_seconds{{{sel}}}) > {rotations})",
+               "warning", "No successful throughput test for several schedule rotations.",
+               "{{ $labels.host }} ({{ $labels.region }}) -> {{ $labels.peer }}: no successful throughput test in "
+               f"{p.stale_rotations:g} rotations of the schedule; "
+               "the dashboards show old numbers.", p),
+        _alert("PathprobeExporterDown", f"up{{{sel}}} == 0", "critical", "A pathprobe exporter is down.",
+               "{{ $labels.host }} ({{ $labels.region }}) cannot be scraped: its paths are not measured and its "
+               "peers' probes to it fail.", p, p.exporter_down_for),
+        _alert("PathprobeExporterAbsent", f"absent(up{{{sel}}})", "critical", "No pathprobe exporter is scraped.",
+               f'Prometheus has no target of job "{p.job}": check service discovery.', p, p.exporter_down_for),
+        _alert("PathprobeBudgetExhausted", f"pathprobe_budget_remaining_bytes{{{sel}}} == 0", "warning",
+               "Throughput byte budget exhausted.",
+               "{{ $labels.host }} has spent its daily byte budget: throughput tests stop until "
+               "{{ with printf \"pathprobe_budget_period_end_timestamp_seconds{instance='%s'}\" $labels.instance "
+               "| query }}{{ . | first | value | humanizeTimestamp }}{{ end }}.", p, p.budget_for),
+        _alert("PathprobeRespondersRefusingPeers",
+               f'increase(pathprobe_probe_runs_total{{{sel}, result="not_allowed"}}[{p.refused_window}]) > 0',
+               "warning", "A host's responders refuse its peers.",
+               "{{ $labels.peer }} refuses {{ $labels.probe }} probes from {{ $labels.host }}: its peer list, allow "
+               "list or iperf3 keys do not include this host.", p),
+        _alert("PathprobeScheduleMismatch",
+               f"count(count by (fingerprint) (pathprobe_schedule_info{{{sel}}})) > 1", "warning",
+               "Exporters derive different throughput schedules.",
+               "{{ $value }} different schedules in the mesh: peer lists or slot lengths differ between hosts, so "
+               "throughput tests may collide (busy) and measure each other.", p, p.schedule_mismatch_for),
+    ]  # fmt: skip
+    return {
+        "groups": [
+            {"name": "pathprobe.recording", "interval": p.evaluation_interval, "rules": recording},
+            {"name": "pathprobe.baseline", "interval": "5m", "rules": baseline},
+            {"name": "pathprobe.alerts", "interval": p.evaluation_interval, "rules": alerts},
+        ]
+    }
+
+
+HEADER = """\
+# Generated by `pathprobe alerts render` from the parameters in
+# exporter/src/pathprobe/alerts.py (documented in alerts/README.md). Do not edit:
+# change the parameters (a YAML file for --params) and render again.
+"""
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line expressions as literal blocks, as people write them."""
+
+
+def _str(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|" if "\n" in data else None)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def dump(p: Params) -> str:
+    return HEADER + yaml.dump(render(p), Dumper=_Dumper, sort_keys=False, width=1000)
+
+
+def load_params(path: str | Path | None) -> Params:
+    return Params() if path is None else yamlfile.load_model(path, Params)
