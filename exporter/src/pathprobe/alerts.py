@@ -97,7 +97,10 @@ def render(p: Params) -> dict[str, Any]:
     two_tests = (f"and on ({TEST})\nchanges(pathprobe_throughput_last_test_timestamp_seconds{{{sel}}}"
                  f"[{p.throughput_window}]) >= 1")  # fmt: skip
     rotations = f"on (instance) group_left () ({p.stale_rotations:g} * pathprobe_schedule_rotation_seconds{{{sel}}})"
-    recent, base = f"path:pathprobe_rtt_seconds:p50_{p.rtt_recent_window}", f"path:pathprobe_rtt_seconds:p50_{p.rtt_baseline_window}"  # noqa: E501
+    recent, base = (
+        f"path:pathprobe_rtt_seconds:p50_{p.rtt_recent_window}",
+        f"path:pathprobe_rtt_seconds:p50_{p.rtt_baseline_window}",
+    )
     alerts = [
         _alert("PathprobeThroughputBelowExpected",
                f"max_over_time({ratio}[{p.throughput_window}]) < {p.throughput_ratio_warning:g}\n{two_tests}",

@@ -99,8 +99,11 @@ class Metrics:
             buckets=RTT_BUCKETS,
             registry=r,
         )
-        self.rtt_ceiling = g("pathprobe_rtt_ceiling_seconds",
-                             "Configured RTT ceiling of a path (peers[].rtt_ceiling_seconds), for alerting.", PEER)
+        self.rtt_ceiling = g(
+            "pathprobe_rtt_ceiling_seconds",
+            "Configured RTT ceiling of a path (peers[].rtt_ceiling_seconds), for alerting.",
+            PEER,
+        )
         self.rtt_settings = g(
             "pathprobe_rtt_settings_info",
             "Settings of the RTT probes (value 1): interval between requests, size, timeout.",

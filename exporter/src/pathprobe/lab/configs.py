@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..alerts import Params
 from .topology import Topology, address, resolve
 
 METRICS_PORT = 9469
@@ -75,3 +76,28 @@ def prometheus_config(topo: Topology, rule_files: list[str], alertmanager: str, 
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
         "scrape_configs": [{"job_name": "pathprobe", "static_configs": scrape_targets(topo)}],
     }
+
+
+def lab_alert_params(rotation_seconds: float) -> Params:
+    """The production rules with windows short enough for a lab fire drill (minutes)."""
+    window = f"{int(2 * rotation_seconds + 30)}s"  # two tests of every path
+    return Params(
+        throughput_window=window,
+        rtt_recent_window="1m",
+        rtt_baseline_window="15m",
+        rtt_for="30s",
+        loss_window="1m",
+        loss_for="30s",
+        unreachable_window="30s",
+        unreachable_for="30s",
+        exporter_down_for="30s",
+        budget_for="30s",
+        refused_window="1m",
+        schedule_mismatch_for="1m",
+        evaluation_interval="5s",
+    )
+
+
+def rotation_seconds(topo: Topology, slot_seconds: float) -> float:
+    n = len(topo.hosts)
+    return (n - 1 if n % 2 == 0 else n) * slot_seconds

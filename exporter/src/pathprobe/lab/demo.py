@@ -21,8 +21,9 @@ from typing import Any
 
 import yaml
 
+from .. import alerts
 from . import net, topology
-from .configs import exporter_config, prometheus_config
+from .configs import exporter_config, lab_alert_params, prometheus_config, rotation_seconds
 
 WEBHOOK_PORT = 19099
 
@@ -68,7 +69,8 @@ def start_webhook(log_file: Path, port: int) -> http.server.HTTPServer:
 
 
 def alertmanager_config(webhook_url: str) -> dict[str, Any]:
-    """The demo's Alertmanager: the project's routing when present, every receiver a webhook to the log."""
+    """The project's routing and inhibition when present, with every receiver a webhook to the
+    alert log and timers short enough for a lab (seconds, not minutes)."""
     base = repo_dir("alerts")
     if base and (base / "alertmanager.yml").exists():
         cfg: dict[str, Any] = yaml.safe_load((base / "alertmanager.yml").read_text())
@@ -77,6 +79,7 @@ def alertmanager_config(webhook_url: str) -> dict[str, Any]:
             receiver.clear()
             receiver.update({"name": name, "webhook_configs": [{"url": webhook_url, "send_resolved": True}]})
         cfg.pop("global", None)
+        cfg["route"].update({"group_wait": "5s", "group_interval": "10s", "repeat_interval": "1h"})
         return cfg
     return {
         "route": {
@@ -180,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         alert_log = work / "alerts.log"
         alert_log.touch()
         webhook = start_webhook(alert_log, WEBHOOK_PORT)
-        prom, _ = start_monitoring(topo, work, args.prometheus_port, args.alertmanager_port)
+        prom, _ = start_monitoring(topo, work, args.prometheus_port, args.alertmanager_port, args.slot_seconds)
         print(
             f"Prometheus:   {prom}\nAlertmanager: http://127.0.0.1:{args.alertmanager_port}\n"
             f"Alerts log:   {alert_log}\nExporters:    "
@@ -227,12 +230,16 @@ def start_exporters(topo: topology.Topology, work: Path, slot_seconds: float) ->
     return targets
 
 
-def start_monitoring(topo: topology.Topology, work: Path, prom_port: int, am_port: int) -> tuple[str, str]:
-    rules = sorted(str(p) for p in (repo_dir("alerts") or Path("/nonexistent")).glob("*.rules.yml"))
+def start_monitoring(topo: topology.Topology, work: Path, prom_port: int, am_port: int,
+                     slot_seconds: float, webhook_port: int = WEBHOOK_PORT) -> tuple[str, str]:  # fmt: skip
+    rules = work / "pathprobe.rules.yml"
+    rules.write_text(alerts.dump(lab_alert_params(rotation_seconds(topo, slot_seconds))))
     am_addr = f"127.0.0.1:{am_port}"
-    (work / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config(topo, rules, am_addr), sort_keys=False))
+    (work / "prometheus.yml").write_text(
+        yaml.safe_dump(prometheus_config(topo, [str(rules)], am_addr), sort_keys=False)
+    )
     (work / "alertmanager.yml").write_text(
-        yaml.safe_dump(alertmanager_config(f"http://127.0.0.1:{WEBHOOK_PORT}/alerts"), sort_keys=False)
+        yaml.safe_dump(alertmanager_config(f"http://127.0.0.1:{webhook_port}/alerts"), sort_keys=False)
     )
     for d in ("prometheus-data", "alertmanager-data"):
         shutil.rmtree(work / d, ignore_errors=True)

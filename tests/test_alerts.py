@@ -1,0 +1,177 @@
+"""Rules and routing, checked by the real promtool and amtool, and a fire drill in the lab:
+impair a path, the alert reaches the webhook through Prometheus and Alertmanager, restore
+it, the alert resolves."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import scrape, start_exporter, topology, value, wait_for
+
+from pathprobe import alerts
+from pathprobe.lab import demo, net
+from pathprobe.lab.configs import exporter_config, lab_alert_params, rotation_seconds
+from pathprobe.lab.topology import PathSpec, address
+
+ALERTS = Path(__file__).parents[1] / "alerts"
+RULES = ALERTS / "pathprobe.rules.yml"
+AM = ALERTS / "alertmanager.yml"
+
+
+def run(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+
+
+def alert_rules() -> list[dict]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return [r for g in groups for r in g["rules"] if "alert" in r]
+
+
+def test_committed_rules_are_the_rendered_defaults() -> None:
+    assert RULES.read_text() == alerts.dump(alerts.Params()), (
+        "run: pathprobe alerts render --out alerts/pathprobe.rules.yml"
+    )
+
+
+def test_promtool_checks_and_unit_tests_pass() -> None:
+    check = run("promtool", "check", "rules", str(RULES))
+    assert check.returncode == 0, check.stdout + check.stderr
+    test = run("promtool", "test", "rules", str(ALERTS / "tests" / "pathprobe.rules.test.yml"))
+    assert test.returncode == 0, test.stdout + test.stderr
+    assert "SUCCESS" in test.stdout
+
+
+def test_every_alert_follows_the_mixin_style_and_is_unit_tested() -> None:
+    runbook_sections = set(re.findall(r"^## (\w+)$", (ALERTS / "runbook.md").read_text(), re.M))
+    tested = set(re.findall(r"alertname: (\w+)", (ALERTS / "tests" / "pathprobe.rules.test.yml").read_text()))
+    for rule in alert_rules():
+        name = rule["alert"]
+        assert re.fullmatch(r"Pathprobe([A-Z][a-z0-9]+)+", name), name
+        assert rule["labels"]["severity"] in ("warning", "critical"), name
+        assert {"summary", "description", "runbook_url"} <= set(rule["annotations"]), name
+        assert rule["annotations"]["runbook_url"].endswith("#" + name.lower()), name
+        assert name in runbook_sections, f"{name} has no section in alerts/runbook.md"
+        assert name in tested, f"{name} has no promtool test"
+
+
+def test_lab_rules_are_valid_too(tmp_path: Path) -> None:
+    lab_rules = tmp_path / "lab.rules.yml"
+    lab_rules.write_text(alerts.dump(lab_alert_params(90)))
+    check = run("promtool", "check", "rules", str(lab_rules))
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_alertmanager_config_is_valid(tmp_path: Path) -> None:
+    check = run("amtool", "check-config", str(AM))
+    assert check.returncode == 0, check.stdout + check.stderr
+    lab = tmp_path / "alertmanager.yml"
+    lab.write_text(yaml.safe_dump(demo.alertmanager_config("http://127.0.0.1:1/alerts")))
+    check = run("amtool", "check-config", str(lab))
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.mark.parametrize(("labels", "receivers"), [
+    (["severity=critical", "region=ap-northeast-1", "alertname=PathprobePeerUnreachable"], "pagerduty,slack-apac"),
+    (["severity=critical", "region=us-east-1", "alertname=PathprobeExporterDown"], "pagerduty,slack-americas"),
+    (["severity=warning", "region=eu-west-1", "alertname=PathprobeRttAboveBaseline"], "slack-emea"),
+    (["severity=warning", "alertname=PathprobeScheduleMismatch"], "slack-network"),
+    (["alertname=SomethingElse"], "webhook"),
+])  # fmt: skip
+def test_routing(labels: list[str], receivers: str) -> None:
+    out = run("amtool", "config", "routes", "test", f"--config.file={AM}", *labels)
+    assert out.stdout.strip() == receivers, out.stdout + out.stderr
+
+
+def test_region_outage_is_grouped_into_one_notification() -> None:
+    route = yaml.safe_load(AM.read_text())["route"]
+    assert route["group_by"] == ["alertname", "region"]
+
+
+# --- fire drill ---------------------------------------------------------------------
+DRILL = topology("""
+hosts:
+  - {name: drill-a, region: ap-northeast-1, zone: ap-northeast-1a, instance_type: c6gn.medium}
+  - {name: drill-b, region: ap-northeast-3, zone: ap-northeast-3a, instance_type: c6gn.medium}
+paths:
+  - {between: [ap-northeast-1, ap-northeast-3], rate: 500M, one_way_delay: 4ms}
+""")
+SLOT = 16.0
+PROM_PORT, AM_PORT, WEBHOOK_PORT = 19190, 19193, 19198
+
+
+@pytest.fixture(scope="module")
+def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    work = tmp_path_factory.mktemp("drill")
+    net.up(DRILL)
+    for h in DRILL.hosts:
+        cfg = exporter_config(
+            DRILL, h.name, work, SLOT, {"throughput": {"streams": [1], "duration_seconds": 2, "omit_seconds": 1}}
+        )
+        start_exporter(h.name, cfg, work)
+    log = work / "alerts.log"
+    log.touch()
+    webhook = demo.start_webhook(log, WEBHOOK_PORT)
+    prom, _ = demo.start_monitoring(DRILL, work, PROM_PORT, AM_PORT, SLOT, webhook_port=WEBHOOK_PORT)
+    yield {"prom": prom, "log": log}
+    webhook.shutdown()
+    net.down()
+
+
+def notifications(log: Path) -> list[tuple[str, str, str]]:
+    """(status, alertname, peer) of every alert in every webhook notification so far."""
+    out = []
+    for line in log.read_text().splitlines():
+        for a in json.loads(line)["alerts"]:
+            out.append((a["status"], a["labels"]["alertname"], a["labels"].get("peer", "")))
+    return out
+
+
+def test_fire_drill(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    a = f"{address(1)}:9469"
+    ratio = 'path:pathprobe_throughput_expected_ratio:last{host="drill-a",peer="drill-b"}'
+
+    def healthy() -> bool:
+        found = demo.query(drill["prom"], ratio)
+        return bool(found) and float(found[0]["value"][1]) > 0.9
+
+    # A healthy path first: 478 of an expected 500 Mbit/s (the lab's 5 Gbps per-flow limit / 10).
+    wait_for("a healthy result in Prometheus", healthy, timeout=90)
+    s = scrape(a)
+    assert value(s, "pathprobe_throughput_expected_bytes_per_second", peer="drill-b", limit="per_flow") == 500e6 / 8
+    assert not [n for n in notifications(drill["log"]) if n[0] == "firing"]
+
+    state = net.State.load()
+    assert state is not None
+    spec = state.spec("drill-a", "drill-b")
+    impaired = time.monotonic()
+    net.set_path(state, "drill-a", "drill-b", PathSpec(150e6, spec.one_way_delay, 0.0, spec.path_class))
+    fired = wait_for(
+        "the alert at the webhook",
+        lambda: ("firing", "PathprobeThroughputFarBelowExpected", "drill-b") in notifications(drill["log"]),
+        timeout=240,
+    )
+    time_to_fire = time.monotonic() - impaired
+    # The critical alert inhibits the warning one on the same path.
+    assert fired and ("firing", "PathprobeThroughputBelowExpected", "drill-b") not in notifications(drill["log"])
+
+    restored = time.monotonic()
+    net.restore(net.State.load(), "drill-a", "drill-b")  # type: ignore[arg-type]
+    wait_for(
+        "the resolved notification",
+        lambda: ("resolved", "PathprobeThroughputFarBelowExpected", "drill-b") in notifications(drill["log"]),
+        timeout=240,
+    )
+    time_to_resolve = time.monotonic() - restored
+    with capsys.disabled():
+        print(
+            f"\nfire drill: slot {SLOT:g} s, rotation {rotation_seconds(DRILL, SLOT):g} s, "
+            f"window {lab_alert_params(rotation_seconds(DRILL, SLOT)).throughput_window}: "
+            f"fired after {time_to_fire:.0f} s, resolved after {time_to_resolve:.0f} s"
+        )
