@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import scrape, start_exporter, topology, value, wait_for
 
+from helpers import scrape, start_exporter, topology, value, wait_for
 from pathprobe import alerts
 from pathprobe.lab import demo, net
 from pathprobe.lab.configs import exporter_config, lab_alert_params, rotation_seconds
