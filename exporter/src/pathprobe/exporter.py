@@ -175,7 +175,10 @@ class Exporter:
         finally:
             for t in tasks:
                 t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            # Bounded: SIGTERM must stop the exporter within 5 s whatever a task does.
+            _, stuck = await asyncio.wait(tasks, timeout=4)
+            for t in stuck:
+                log.error("task %s did not stop", t.get_name())
             running.close()
 
     async def _forever(self, run: Callable[[], Awaitable[None]], what: str) -> None:

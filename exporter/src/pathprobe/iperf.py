@@ -162,7 +162,8 @@ async def run(test: ThroughputTest, binary: str = "iperf3", margin_seconds: floa
     except FileNotFoundError as exc:
         raise ProbeFailure("error", f"iperf3 binary not found: {binary}") from exc
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), test.max_seconds(margin_seconds))
+        async with asyncio.timeout(test.max_seconds(margin_seconds)):
+            out, err = await proc.communicate()
     except (TimeoutError, asyncio.CancelledError) as exc:
         _kill_group(proc.pid)
         await proc.wait()

@@ -70,7 +70,8 @@ async def stop_group(proc: asyncio.subprocess.Process, grace: float = 2.0) -> No
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
         try:
-            await asyncio.wait_for(proc.wait(), grace)
+            async with asyncio.timeout(grace):
+                await proc.wait()
             return
         except TimeoutError:
             continue

@@ -1,5 +1,9 @@
 """TCP request/response RTT probe, as netperf TCP_RR with an interval.
 
+Timeouts use asyncio.timeout(), not wait_for(): on Python 3.11 wait_for() can swallow
+a cancellation that arrives as the read completes, and a probe loop would then
+outlive the exporter's shutdown.
+
 Wire protocol (pathprobe's own, so that the responder can refuse strangers and
 cap sizes): the client sends a 9-byte hello, b"PPRR", version 1, and the request
 size as a big-endian u32; the responder answers b"Y" (go on) or b"N" (refused),
@@ -71,11 +75,13 @@ class RrClient:
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(self.address, self.port), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                reader, writer = await asyncio.open_connection(self.address, self.port)
             sock = writer.get_extra_info("socket")
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             writer.write(HELLO.pack(MAGIC, VERSION, self.size))
-            answer = await asyncio.wait_for(reader.readexactly(1), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                answer = await reader.readexactly(1)
         except TimeoutError as exc:
             raise ProbeFailure("timeout", f"no answer from {self.address}:{self.port} in {self.timeout:g} s") from exc
         except asyncio.IncompleteReadError as exc:
@@ -91,7 +97,8 @@ class RrClient:
         try:
             start = time.perf_counter()
             writer.write(self._payload)
-            await asyncio.wait_for(reader.readexactly(self.size), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                await reader.readexactly(self.size)
             return time.perf_counter() - start
         except TimeoutError as exc:
             raise ProbeFailure("timeout", f"no response within {self.timeout:g} s") from exc
@@ -144,7 +151,8 @@ class RrResponder:
             writer.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        magic, version, size = HELLO.unpack(await asyncio.wait_for(reader.readexactly(HELLO.size), HELLO_TIMEOUT))
+        async with asyncio.timeout(HELLO_TIMEOUT):
+            magic, version, size = HELLO.unpack(await reader.readexactly(HELLO.size))
         if magic != MAGIC or version != VERSION or not 1 <= size <= MAX_SIZE:
             self.count("malformed")
             writer.write(b"N")
@@ -153,6 +161,7 @@ class RrResponder:
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         writer.write(b"Y")
         while True:
-            data = await asyncio.wait_for(reader.readexactly(size), IDLE_TIMEOUT)
+            async with asyncio.timeout(IDLE_TIMEOUT):
+                data = await reader.readexactly(size)
             writer.write(data)
             await writer.drain()
