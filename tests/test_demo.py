@@ -9,6 +9,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import pytest
 from test_lab import root_leftovers
 
 from helpers import PATHPROBE, wait_for
@@ -47,6 +48,14 @@ def test_demo_fills_prometheus_for_every_path_then_cleans_up(tmp_path: Path) -> 
         targets = json.load(urllib.request.urlopen(f"{PROM}/api/v1/targets", timeout=5))["data"]["activeTargets"]
         assert {t["labels"]["host"] for t in targets} == set(hosts)
         assert all(t["health"] == "up" and t["labels"]["region"] for t in targets)
+        # The capacity review from stored history: Tokyo -> Osaka is shaped at 500 Mbit/s.
+        cap = subprocess.run([*PATHPROBE, "capacity", "--from-prometheus", PROM, "--peer", "osaka-a", "--host",
+                              "tokyo-a", "--streams", "1,4", "--scale", "10", "--json"],
+                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert cap.returncode == 0, cap.stderr
+        rows = {r["streams"]: r["bits_per_second"] for r in json.loads(cap.stdout)["rows"]}
+        assert rows[1] == pytest.approx(500e6 * 1448 / 1514, rel=0.05)
+        assert rows[4] == pytest.approx(500e6 * 1448 / 1514, rel=0.05)
     finally:
         demo.send_signal(signal.SIGINT)
         out, _ = demo.communicate(timeout=60)

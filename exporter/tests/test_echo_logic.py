@@ -5,9 +5,8 @@ import time
 import pytest
 
 from pathprobe.allow import AllowList
-from pathprobe.cli import ReportSink
 from pathprobe.echo import REFUSAL, REFUSED, EchoClient, EchoResponder, packet
-from pathprobe.results import RttReport
+from pathprobe.results import ReportSink, RttReport
 
 
 def client(timeout: float = 1.0) -> tuple[EchoClient, RttReport]:

@@ -3,7 +3,9 @@
 import pytest
 
 from pathprobe.config import Peer
-from pathprobe.limits import expected, receive_window_bound, table
+from pathprobe.limits import buffer_bound, expected, table, window_share
+
+KERNEL_6_1 = 0.5  # the source article's kernel: tcp_adv_win_scale=1
 
 
 def peer(path_class: str = "inter_region", instance: str = "c6gn.medium", **limits: object) -> Peer:
@@ -21,7 +23,7 @@ def peer(path_class: str = "inter_region", instance: str = "c6gn.medium", **limi
 
 def test_field_notes_default_buffer_flow_is_window_bound() -> None:
     # FIELD_NOTES section 2: tcp_rmem max 6291456 at 8 ms allows about 3.1 Gbps.
-    e = expected(peer(instance="c6gn.12xlarge"), "c6gn.12xlarge", "tcp", 1, 6291456, 0.008)
+    e = expected(peer(instance="c6gn.12xlarge"), "c6gn.12xlarge", "tcp", 1, 6291456, 0.008, share=KERNEL_6_1)
     assert e.limit == "receive_window"
     assert e.bits_per_second == pytest.approx(3.15e9, rel=0.01)
     assert e.candidates["per_flow"] == 5e9
@@ -85,6 +87,21 @@ def test_table_rows_are_sourced() -> None:
         assert row.source or not row.checked
 
 
-def test_receive_window_bound_matches_seed_002() -> None:
-    # About 2.8 MB of window at every delay: 10 ms -> 2.33 Gbps in seed 002.
-    assert receive_window_bound(int(2.8e6 / 0.5 * 1.04), 0.010, 1) == pytest.approx(2.33e9, rel=0.01)
+def test_buffer_bound_matches_seed_002() -> None:
+    # About 2.9 MB in flight at every delay: 10 ms -> 2.33 Gbps in seed 002.
+    assert buffer_bound(int(2.912e6 / 0.5), 0.010, 1, 0.5) == pytest.approx(2.33e9, rel=0.01)
+
+
+def test_send_buffer_binds_when_smaller_than_the_receive_window() -> None:
+    # The lab's Tokyo -> Singapore: receiver 6 MiB, sender 4 MiB, 75 ms, kernel 6.18 (share 0.78):
+    # measured 347 Mbit/s for one flow.
+    e = expected(peer(), "c6gn.medium", "tcp", 1, 6291456, 0.075, scale=10, sender_wmem_max=4194304, share=0.78)
+    assert e.limit == "send_buffer"
+    assert e.bits_per_second == pytest.approx(347e6, rel=0.02)
+
+
+@pytest.mark.parametrize(("release", "adv", "share"), [
+    ("6.1.55-75.123.amzn2023.x86_64", 1, 0.5), ("5.10.0", 2, 0.75), ("4.19.0", -2, 0.25), ("6.18.44-fc", 1, 0.78),
+])  # fmt: skip
+def test_window_share_follows_the_kernel(release: str, adv: int, share: float) -> None:
+    assert window_share(release, adv) == share

@@ -15,13 +15,13 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import __version__, alerts, config, iperf, lab_cli
+from . import __version__, alerts, capacity_cli, config, iperf, lab_cli
 from .allow import AllowList
 from .echo import EchoClient
 from .exporter import Exporter
 from .metrics import Metrics
 from .responders import iperf3_server_command, start_rr_and_echo, supervise_iperf3
-from .results import ProbeFailure, RttReport, Summary, ThroughputResult
+from .results import ProbeFailure, ReportSink, RttReport, Summary, ThroughputResult
 from .rr import RrClient
 from .units import format_bits, format_seconds, parse_quantity
 from .web import serve
@@ -123,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     ar.set_defaults(func=cmd_alerts_render)
 
     lab_cli.add_parsers(sub)
+    capacity_cli.add_parser(sub)
     return p
 
 
@@ -229,45 +230,6 @@ def describe_throughput(target: str, r: ThroughputResult) -> str:
             f"jitter {format_seconds(r.jitter_seconds or 0)}"
         )
     return "\n".join(lines)
-
-
-class ReportSink:
-    """Collects one-shot probe outcomes into an RttReport (the exporter feeds metrics instead)."""
-
-    def __init__(self, report: RttReport):
-        self.r = report
-
-    def rtt(self, seconds: float) -> None:
-        self.r.sent += 1
-        self.received(seconds)
-
-    def sent(self, size: int) -> None:
-        self.r.sent += 1
-
-    def received(self, rtt: float) -> None:
-        self.r.received += 1
-        self.r.rtts.append(rtt)
-
-    def lost(self) -> None:
-        self.r.lost += 1
-
-    def duplicate(self) -> None:
-        self.r.duplicates += 1
-
-    def reordered(self) -> None:
-        self.r.reordered += 1
-
-    def late(self) -> None:
-        self.r.late += 1
-
-    def jitter(self, seconds: float) -> None:
-        self.r.jitter_seconds = seconds
-
-    def failure(self, reason: str) -> None:
-        self.r.failures[reason] = self.r.failures.get(reason, 0) + 1
-        if self.r.protocol == "tcp":
-            self.r.sent += 1
-            self.r.lost += 1
 
 
 def _finish_rtt(args: argparse.Namespace, probe: str, report: RttReport) -> int:

@@ -118,9 +118,10 @@ class Peer(Strict):
     throughput: ThroughputOverrides = ThroughputOverrides()
     rtt_ceiling_seconds: float | None = Field(default=None, gt=0)
     limits: Limits = Limits()
-    # The peer's tcp_rmem max, for the receive-window bound of tests it receives;
-    # default: this host's own (a fleet tuned alike).
+    # The peer's tcp_rmem and tcp_wmem max, for the buffer bounds of tests it receives
+    # or sends; default: this host's own (a fleet tuned alike).
     tcp_rmem_max_bytes: Bytes | None = None
+    tcp_wmem_max_bytes: Bytes | None = None
 
 
 class Iperf3Auth(Strict):
@@ -194,9 +195,11 @@ class Config(Strict):
     iperf3: Iperf3Settings = Iperf3Settings()
     web: WebSettings = WebSettings()
     budget: BudgetSettings = BudgetSettings()
-    # The host's TCP receive buffer maximum (tcp_rmem max) for the receive-window
-    # bound; None reads it from /proc at start.
+    # This host's tcp_rmem / tcp_wmem maximum for the buffer bounds; None reads /proc at start.
     tcp_rmem_max_bytes: Bytes | None = None
+    tcp_wmem_max_bytes: Bytes | None = None
+    # Share of a buffer TCP keeps in flight; None: from the kernel version (limits.window_share).
+    tcp_window_share: float | None = Field(default=None, gt=0, le=1)
     # Divide the limits table's values by this (the lab runs AWS Gbps as Gbit/s / 10).
     limits_scale: float = Field(default=1, gt=0)
 

@@ -16,7 +16,7 @@ from .allow import AllowList
 from .budget import Budget
 from .config import Config, Peer, ThroughputSettings
 from .echo import EchoClient
-from .limits import expected, host_rmem_max
+from .limits import expected, host_buffer_max, window_share
 from .metrics import Metrics, peer_labels, test_keys
 from .responders import iperf3_server_command, start_rr_and_echo, supervise_iperf3
 from .results import ProbeFailure, ThroughputResult
@@ -94,7 +94,9 @@ class Exporter:
         self.schedule = Schedule.of([cfg.host.name, *self.peers], cfg.schedule.slot_seconds)
         self.budget = Budget(cfg.budget.daily_bytes, cfg.budget.state_file, clock)
         self._last_bytes: dict[tuple[str, tuple[str, str, str]], int] = {}
-        self.rmem_max = cfg.tcp_rmem_max_bytes or host_rmem_max()
+        self.rmem_max = cfg.tcp_rmem_max_bytes or host_buffer_max("rmem")
+        self.wmem_max = cfg.tcp_wmem_max_bytes or host_buffer_max("wmem")
+        self.window_share = cfg.tcp_window_share or window_share()
         self.recent_rtts: dict[str, deque[float]] = {p: deque(maxlen=256) for p in self.peers}
         self._binding: dict[tuple[str, ...], str] = {}
         metrics.describe_mesh(
@@ -113,9 +115,12 @@ class Exporter:
         rtt = statistics.median(recent) if len(recent) >= 10 else None
         for key in test_keys(settings):
             protocol, streams, direction = key
-            receiver_rmem = (peer.tcp_rmem_max_bytes or self.rmem_max) if direction == "send" else self.rmem_max
-            e = expected(peer, self.cfg.host.instance_type, protocol, int(streams), receiver_rmem, rtt,
-                         settings.udp_bitrate, self.cfg.limits_scale)  # fmt: skip
+            if direction == "send":
+                rmem, wmem = peer.tcp_rmem_max_bytes or self.rmem_max, self.wmem_max
+            else:
+                rmem, wmem = self.rmem_max, peer.tcp_wmem_max_bytes or self.wmem_max
+            e = expected(peer, self.cfg.host.instance_type, protocol, int(streams), rmem, rtt, settings.udp_bitrate,
+                         self.cfg.limits_scale, sender_wmem_max=wmem, share=self.window_share)  # fmt: skip
             labels = (*peer_labels(peer), *key)
             old = self._binding.get(labels)
             if old is not None and old != e.limit:

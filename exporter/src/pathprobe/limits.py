@@ -8,6 +8,7 @@ receiver's tcp_rmem max and the RTT measured on the path.
 from __future__ import annotations
 
 import datetime as dt
+import os
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -19,9 +20,13 @@ from . import yamlfile
 from .config import PathClass, Peer
 
 GBPS = 1e9
-# Linux advertises about half of the receive buffer as window (tcp_adv_win_scale=1);
-# FIELD_NOTES section 2: 6291456 B x 0.5 x 8 / 8 ms = 3.1 Gbps, as measured.
-USABLE_WINDOW_SHARE = 0.5
+# The share of a socket buffer that TCP can keep in flight. Before Linux 6.6 the
+# receiver advertised buffer / 2^tcp_adv_win_scale less (1: half): FIELD_NOTES
+# section 2, kernel 6.1, 6291456 B x 0.5 x 8 / 8 ms = 3.1 Gbps, as measured. Since
+# 6.6 the kernel uses each connection's measured payload/truesize ratio instead;
+# on this project's lab (kernel 6.18, veth, MTU 1500) in-flight data measured 0.78
+# of the smaller of the receiver's tcp_rmem max and the sender's tcp_wmem max.
+SHARE_SINCE_6_6 = 0.78
 
 
 class _Row(BaseModel):
@@ -75,13 +80,31 @@ def table(path: Path | None = None) -> LimitsTable:
 @dataclass(frozen=True)
 class Expected:
     bits_per_second: float
-    limit: str  # per_flow, instance, region_cap, transit_gateway, receive_window, target_rate, override
+    # per_flow, instance, region_cap, transit_gateway, receive_window, send_buffer, target_rate, override
+    limit: str
     candidates: dict[str, float]
 
 
-def receive_window_bound(rmem_max_bytes: int, rtt_seconds: float, streams: int) -> float:
-    """Bits/s that `streams` TCP flows can carry with this receive buffer at this RTT."""
-    return rmem_max_bytes * USABLE_WINDOW_SHARE * 8 / rtt_seconds * streams
+def window_share(release: str | None = None, adv_win_scale: int | None = None) -> float:
+    """The usable share of a TCP buffer on this kernel (see SHARE_SINCE_6_6)."""
+    release = release if release is not None else os.uname().release
+    try:
+        major, minor = (int(x) for x in release.split(".")[:2])
+    except ValueError:
+        return SHARE_SINCE_6_6
+    if (major, minor) >= (6, 6):
+        return SHARE_SINCE_6_6
+    if adv_win_scale is None:
+        try:
+            adv_win_scale = int(Path("/proc/sys/net/ipv4/tcp_adv_win_scale").read_text())
+        except (OSError, ValueError):
+            adv_win_scale = 1
+    return 1 - 2.0**-adv_win_scale if adv_win_scale > 0 else 2.0**adv_win_scale
+
+
+def buffer_bound(buffer_bytes: int, rtt_seconds: float, streams: int, share: float) -> float:
+    """Bits/s that `streams` TCP flows can carry with this buffer (tcp_rmem or tcp_wmem max) at this RTT."""
+    return buffer_bytes * share * 8 / rtt_seconds * streams
 
 
 def expected(
@@ -94,6 +117,8 @@ def expected(
     udp_target: float | None = None,
     scale: float = 1.0,
     limits: LimitsTable | None = None,
+    sender_wmem_max: int | None = None,
+    share: float | None = None,
 ) -> Expected:
     t = limits or table()
     o = peer.limits
@@ -119,16 +144,21 @@ def expected(
             )
     if peer.path_class == PathClass.transit_gateway:
         c["transit_gateway"] = o.transit_gateway_bits_per_second or t.transit_gateway.gbps * GBPS / scale
-    if protocol == "tcp" and receiver_rmem_max and rtt_seconds:
-        c["receive_window"] = receive_window_bound(receiver_rmem_max, rtt_seconds, streams)
+    if protocol == "tcp" and rtt_seconds:
+        share = share or window_share()
+        if receiver_rmem_max:
+            c["receive_window"] = buffer_bound(receiver_rmem_max, rtt_seconds, streams, share)
+        if sender_wmem_max:
+            c["send_buffer"] = buffer_bound(sender_wmem_max, rtt_seconds, streams, share)
     if protocol == "udp" and udp_target:
         c["target_rate"] = udp_target
     limit = min(c, key=lambda k: c[k])
     return Expected(c[limit], limit, c)
 
 
-def host_rmem_max() -> int | None:
+def host_buffer_max(which: str) -> int | None:
+    """This host's tcp_rmem or tcp_wmem maximum (which: "rmem" or "wmem")."""
     try:
-        return int(Path("/proc/sys/net/ipv4/tcp_rmem").read_text().split()[2])
+        return int(Path(f"/proc/sys/net/ipv4/tcp_{which}").read_text().split()[2])
     except (OSError, ValueError, IndexError):
         return None

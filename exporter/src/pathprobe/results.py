@@ -120,3 +120,42 @@ class RttReport:
             "rtt_seconds": asdict(summary) if summary else None,
             "failures": self.failures,
         }
+
+
+class ReportSink:
+    """Collects one-shot probe outcomes into an RttReport (the exporter feeds metrics instead)."""
+
+    def __init__(self, report: RttReport):
+        self.r = report
+
+    def rtt(self, seconds: float) -> None:
+        self.r.sent += 1
+        self.received(seconds)
+
+    def sent(self, size: int) -> None:
+        self.r.sent += 1
+
+    def received(self, rtt: float) -> None:
+        self.r.received += 1
+        self.r.rtts.append(rtt)
+
+    def lost(self) -> None:
+        self.r.lost += 1
+
+    def duplicate(self) -> None:
+        self.r.duplicates += 1
+
+    def reordered(self) -> None:
+        self.r.reordered += 1
+
+    def late(self) -> None:
+        self.r.late += 1
+
+    def jitter(self, seconds: float) -> None:
+        self.r.jitter_seconds = seconds
+
+    def failure(self, reason: str) -> None:
+        self.r.failures[reason] = self.r.failures.get(reason, 0) + 1
+        if self.r.protocol == "tcp":
+            self.r.sent += 1
+            self.r.lost += 1

@@ -31,6 +31,7 @@ def exporter_config(
                 "instance_type": other.instance_type,
                 "path_class": paths[(host_name, other.name)].path_class.value,
                 **({"tcp_rmem_max_bytes": other.tcp_rmem_max} if other.tcp_rmem_max else {}),
+                **({"tcp_wmem_max_bytes": other.tcp_wmem_max} if other.tcp_wmem_max else {}),
             }
         )
     probes: dict[str, Any] = {
@@ -55,9 +56,7 @@ def exporter_config(
         "budget": {"daily_bytes": "200GB", "state_file": str(state_dir / f"{me.name}-budget.json")},
         "limits_scale": topo.scale,
     }
-    if me.tcp_rmem_max:
-        cfg["tcp_rmem_max_bytes"] = me.tcp_rmem_max
-    return cfg
+    return cfg  # the host's own buffers: the exporter reads them in its namespace
 
 
 def scrape_targets(topo: Topology) -> list[dict[str, Any]]:

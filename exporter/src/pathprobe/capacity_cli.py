@@ -1,0 +1,192 @@
+"""`pathprobe capacity`: a stream sweep (or 30 days of history from Prometheus)
+turned into a capacity review."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from . import iperf
+from .capacity import Review, Row, text_report
+from .config import PathClass, Peer
+from .limits import expected, host_buffer_max, window_share
+from .report import html_report
+from .results import ProbeFailure, ReportSink, RttReport, Summary
+from .rr import RrClient
+from .units import parse_quantity
+
+EXIT_REFUSED = 2
+BUSY_RETRIES = 5
+
+
+def add_parser(sub: Any) -> None:
+    c = sub.add_parser("capacity", help="capacity review: stream sweep, limit diagnosis, time and cost to move data")
+    c.add_argument("target", nargs="?", help="the peer's address (runs `pathprobe serve` or the exporter)")
+    c.add_argument("--streams", default="1,4,8,16,32,64", help="comma-separated stream counts")
+    c.add_argument("--duration", type=float, default=5, help="seconds per test")
+    c.add_argument("--omit", type=float, default=1, help="seconds of slow start left out of each test")
+    c.add_argument("--protocol", choices=["tcp", "udp"], default="tcp")
+    c.add_argument("--bitrate", default="1G", help="UDP: total target rate per test, bits/s")
+    c.add_argument("--reverse", action="store_true", help="measure target -> this host")
+    c.add_argument("--volume", default="40TB", help="data set to move (e.g. 40TB)")
+    c.add_argument("--price-per-gb", type=float, default=0.02, help="transfer price, $/GB")
+    c.add_argument("--path-class", choices=[p.value for p in PathClass], default="inter_region")
+    c.add_argument("--instance-type", default="", help="this host's EC2 instance type")
+    c.add_argument("--peer-instance-type", default="", help="the target's EC2 instance type")
+    c.add_argument("--receiver-rmem", help="receiver's tcp_rmem max (default: this host's, read from /proc)")
+    c.add_argument("--sender-wmem", help="sender's tcp_wmem max (default: this host's, read from /proc)")
+    c.add_argument("--window-share", type=float, help="share of a buffer TCP keeps in flight (default: by kernel)")
+    c.add_argument("--scale", type=float, default=1, help="divide table limits by this (the lab uses 10)")
+    c.add_argument("--max-bytes", default="20GB", help="refuse a sweep that may move more, unless --yes")
+    c.add_argument("--yes", action="store_true", help="run even above --max-bytes")
+    c.add_argument("--port", type=int, default=5201, help="the target's iperf3 port")
+    c.add_argument("--rr-port", type=int, default=9470, help="the target's TCP request/response port")
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--report", help="write a self-contained HTML report here")
+    c.add_argument("--from-prometheus", metavar="URL", help="build the review from stored history instead")
+    c.add_argument("--peer", help="with --from-prometheus: the peer's name")
+    c.add_argument("--host", dest="source_host", help="with --from-prometheus: the source host (target label)")
+    c.set_defaults(func=cmd_capacity)
+
+
+def _fail(message: str, code: int = EXIT_REFUSED) -> int:
+    print(f"pathprobe capacity: {message}", file=sys.stderr)
+    return code
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    try:
+        streams = sorted({int(s) for s in args.streams.split(",")})
+        volume = parse_quantity(args.volume, "--volume")
+        max_bytes = parse_quantity(args.max_bytes, "--max-bytes")
+        bitrate = parse_quantity(args.bitrate, "--bitrate")
+        rmem = _buffer(args.receiver_rmem, "--receiver-rmem", "rmem")
+        wmem = _buffer(args.sender_wmem, "--sender-wmem", "wmem")
+    except ValueError as exc:
+        return _fail(str(exc))
+    if not streams or min(streams) < 1 or max(streams) > 128:
+        return _fail("--streams: counts from 1 to 128")
+    # The limits only need the path's class and the peer's instance type.
+    peer = Peer(name=args.peer or args.target or "peer", address="198.18.0.1", region="-",
+                path_class=PathClass(args.path_class), instance_type=args.peer_instance_type)  # fmt: skip
+    if args.from_prometheus:
+        if not args.peer:
+            return _fail("--from-prometheus needs --peer")
+        review = from_prometheus(args, streams, peer, rmem, wmem, volume)
+    else:
+        if not args.target:
+            return _fail("give a TARGET, or --from-prometheus URL --peer NAME")
+        review = Review(args.target, args.protocol, "receive" if args.reverse else "send", [], None, rmem, wmem,
+                        args.window_share or window_share(), volume, args.price_per_gb)  # fmt: skip
+        review.rtt_seconds = measure_rtt(args.target, args.rr_port, review)
+        remote = ("--sender-wmem", args.sender_wmem) if args.reverse else ("--receiver-rmem", args.receiver_rmem)
+        if args.protocol == "tcp" and not remote[1]:
+            review.notes.append(f"the target's buffer is taken to be this host's; pass {remote[0]} if it differs")
+        # Before sending anything: what may this sweep move at most?
+        worst = sum(_expected(args, peer, s, review, bitrate).bits_per_second for s in streams)
+        bound = worst / 8 * (args.duration + args.omit)
+        print(
+            f"this sweep runs {len(streams)} tests of {args.duration:g}+{args.omit:g} s and may move up to "
+            f"{bound / 1e9:.3g} GB (at the expected rates)",
+            file=sys.stderr,
+        )
+        if bound > max_bytes and not args.yes:
+            return _fail(
+                f"that is over --max-bytes {max_bytes / 1e9:g} GB (inter-region transfer is billed): "
+                "pass --yes, or fewer --streams or a shorter --duration"
+            )
+        review.rows = asyncio.run(sweep(args, streams, bitrate))
+    for row in review.rows:
+        row.expected = _expected(args, peer, row.streams, review, bitrate)
+    if args.report:
+        out = Path(args.report)
+        tmp = out.with_suffix(out.suffix + ".tmp")
+        tmp.write_text(html_report(review))
+        os.replace(tmp, out)
+    print(json.dumps(review.to_json(), indent=2) if args.json else text_report(review))
+    return 0 if review.measured() else 1
+
+
+def _buffer(text: str | None, what: str, which: str) -> int | None:
+    return int(parse_quantity(text, what)) if text else host_buffer_max(which)
+
+
+def _expected(args: argparse.Namespace, peer: Peer, streams: int, review: Review, bitrate: float) -> Any:
+    return expected(peer, args.instance_type, args.protocol, streams, review.receiver_rmem_max, review.rtt_seconds,
+                    bitrate, args.scale, sender_wmem_max=review.sender_wmem_max,
+                    share=review.window_share)  # fmt: skip
+
+
+def measure_rtt(target: str, port: int, review: Review) -> float | None:
+    """RTT p50 over 20 back-to-back request/response exchanges (None, with a note, if refused)."""
+    report = RttReport("tcp", 0.01, 1)
+    asyncio.run(RrClient(target, port, 0.01, 1, 2.0, ReportSink(report)).run(count=20))
+    s = Summary.of(report.rtts)
+    if s is None:
+        review.notes.append(
+            f"no RTT from {target}:{port} ({', '.join(report.failures) or 'no answer'}): "
+            "the receive-window bound is not computed"
+        )
+        return None
+    return s.p50
+
+
+async def sweep(args: argparse.Namespace, streams: list[int], bitrate: float) -> list[Row]:
+    rows = []
+    for n in streams:
+        test = iperf.ThroughputTest(args.target, args.port, args.protocol, n, "receive" if args.reverse else "send",
+                                    args.duration, args.omit, udp_bitrate=bitrate)  # fmt: skip
+        for attempt in range(BUSY_RETRIES):
+            try:
+                r = await iperf.run(test)
+                rows.append(Row(n, r.receiver_bytes_per_second * 8, r.retransmits, r.udp_loss_ratio))
+                break
+            except ProbeFailure as exc:
+                if exc.reason == "busy" and attempt < BUSY_RETRIES - 1:
+                    await asyncio.sleep(2)
+                    continue
+                rows.append(Row(n, None, error=f"{exc.reason}: {exc.detail}"))
+                break
+        print(f"  {n} stream(s): {rows[-1].bits_per_second / 1e9:.3f} Gbit/s" if rows[-1].bits_per_second
+              else f"  {n} stream(s): {rows[-1].error}", file=sys.stderr)  # fmt: skip
+    return rows
+
+
+def _query(url: str, expr: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": expr}), timeout=30) as r:
+        return json.load(r)["data"]["result"]  # type: ignore[no-any-return]
+
+
+def from_prometheus(args: argparse.Namespace, streams: list[int], peer: Peer, rmem: int | None, wmem: int | None,
+                    volume: float) -> Review:  # fmt: skip
+    """The review from 30 days of stored results: the median of each stream count's tests."""
+    direction = "receive" if args.reverse else "send"
+    sel = f'peer="{args.peer}",protocol="{args.protocol}",direction="{direction}"'
+    if args.source_host:
+        sel += f',host="{args.source_host}"'
+    review = Review(args.peer, args.protocol, direction, [], None, rmem, wmem, args.window_share or window_share(),
+                    volume, args.price_per_gb, source=f"median of 30 days in {args.from_prometheus}")  # fmt: skip
+    try:
+        rates = {
+            int(s["metric"]["streams"]): float(s["value"][1]) * 8
+            for s in _query(
+                args.from_prometheus,
+                f"max by (streams) (quantile_over_time(0.5, pathprobe_throughput_bytes_per_second{{{sel}}}[30d]))",
+            )
+        }
+        rtt = _query(args.from_prometheus, "max(histogram_quantile(0.5, sum by (le) (rate(pathprobe_rtt_seconds_bucket"
+                     f'{{peer="{args.peer}",protocol="tcp"}}[30d]))))')  # fmt: skip
+    except OSError as exc:
+        review.notes.append(f"Prometheus at {args.from_prometheus} did not answer: {exc}")
+        return review
+    review.rtt_seconds = float(rtt[0]["value"][1]) if rtt and rtt[0]["value"][1] != "NaN" else None
+    review.rows = [Row(n, rates.get(n), error=None if n in rates else "no stored results") for n in
+                   sorted(set(streams) | set(rates))]  # fmt: skip
+    return review

@@ -1,0 +1,95 @@
+"""Capacity review logic on the source article's Tokyo-Osaka table (FIELD_NOTES section 2)."""
+
+import re
+
+import pytest
+
+from pathprobe.capacity import Review, Row, format_duration, text_report
+from pathprobe.config import Peer
+from pathprobe.limits import expected
+from pathprobe.report import html_report
+
+OSAKA = Peer.model_validate(
+    {
+        "name": "osaka",
+        "address": "198.18.2.2",
+        "region": "ap-northeast-3",
+        "path_class": "inter_region",
+        "instance_type": "c6gn.12xlarge",
+    }
+)
+DEFAULT_RMEM = 6291456
+
+
+def review(rows: dict[int, float], rmem: int = DEFAULT_RMEM) -> Review:
+    # The source article's kernel 6.1: half a buffer in flight; its tcp_wmem max was 4 MiB
+    # but, sending from a tuned or idle host, the article's table is receive-bound.
+    r = Review("osaka", "tcp", "send", [Row(n, g * 1e9) for n, g in rows.items()], 0.008, rmem, None, 0.5, 40e12,
+               0.02)  # fmt: skip
+    for row in r.rows:
+        row.expected = expected(OSAKA, "c6gn.12xlarge", "tcp", row.streams, rmem, 0.008, share=0.5)
+    return r
+
+
+# c6gn.12xlarge, default buffers, Gbps by streams (seed 000).
+ARTICLE = {1: 2.95, 4: 12.2, 8: 24.5, 16: 47.4, 32: 66.4, 64: 71.0, 96: 71.2}
+
+
+def test_knee_is_the_fewest_streams_within_5_percent_of_the_best() -> None:
+    r = review(ARTICLE)
+    assert r.best().streams == 96  # type: ignore[union-attr]
+    assert r.knee().streams == 64  # type: ignore[union-attr]
+
+
+def test_one_flow_is_diagnosed_as_receive_window_bound_with_the_fix() -> None:
+    d = review(ARTICLE).diagnose(review(ARTICLE).rows[0])
+    assert d is not None
+    assert d.startswith("one flow is bound by the receive window: tcp_rmem max 6 MiB at 8 ms RTT allows about 3.15")
+    # 5 Gbps per flow needs 5e9 * 0.008 / 8 / 0.5 = 10 MB of buffer.
+    assert "9.54 MiB (on both ends) would reach the per-flow limit (5 Gbit/s)" in d
+
+
+def test_above_the_documented_cap_is_not_called_a_problem() -> None:
+    # 71 Gbps on a 75 Gbps instance is above the 37.5 Gbps documented 50% cap: the table
+    # is a floor; the knee's diagnosis names the cap it exceeds.
+    r = review(ARTICLE)
+    d = r.diagnose(r.knee())
+    assert d == (
+        "64 flows reach 71 Gbit/s, above the inter-region cap that AWS documents (37.5 Gbit/s): "
+        "documented limits are a floor to plan on, not a ceiling"
+    )
+
+
+def test_rates_below_every_limit_are_flagged() -> None:
+    r = review({1: 0.5})
+    d = r.diagnose(r.rows[0])
+    assert d is not None and "below every known limit" in d
+
+
+def test_time_and_cost_to_move_40_tb() -> None:
+    r = review(ARTICLE)
+    t = r.transfer(r.knee())
+    assert t is not None
+    assert t["seconds"] == pytest.approx(40e12 * 8 / 71.0e9)
+    assert t["cost"] == pytest.approx(800.0)
+    assert format_duration(t["seconds"]) == "75 min"
+
+
+def test_text_and_html_reports() -> None:
+    r = review(ARTICLE)
+    text = text_report(r)
+    assert re.search(r"knee: 64 stream\(s\)", text)
+    assert "moving 40 TB at the knee: 75 min, transfer cost $800" in text
+    page = html_report(r)
+    assert page.startswith("<!doctype html>") and "<svg" in page and "<script" not in page
+    assert "40 TB in about 75 min with 64 stream(s) for about $800." in page
+
+
+def test_failed_rows_are_kept_and_json_has_everything() -> None:
+    r = review(ARTICLE)
+    r.rows.append(Row(128, None, error="busy: the server is busy"))
+    j = r.to_json()
+    assert j["knee_streams"] == 64 and j["best_streams"] == 96
+    assert j["rows"][-1]["error"].startswith("busy")
+    assert j["diagnosis"]["one_stream"].startswith("one flow is bound by the receive window")
+    assert j["transfer_at_knee"]["cost"] == pytest.approx(800.0)

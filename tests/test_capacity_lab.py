@@ -1,0 +1,86 @@
+"""`pathprobe capacity` against real shaped paths in the lab."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import PATHPROBE, in_host, payload_rate, topology
+from pathprobe.lab import net
+from pathprobe.lab.topology import address
+
+TOPOLOGY = topology("""
+hosts:
+  - {name: near, region: ap-northeast-1, instance_type: c6gn.medium}
+  - {name: far, region: ap-northeast-3, instance_type: c6gn.medium, tcp_rmem_max: 1048576}
+  - {name: wide, region: ap-northeast-3, instance_type: c6gn.medium}
+paths:
+  - {between: [near, far], rate: 1G, one_way_delay: 10ms}
+  - {between: [near, wide], rate: 300M, one_way_delay: 1ms}
+""")
+COMMON = ["--scale", "10", "--instance-type", "c6gn.medium", "--peer-instance-type", "c6gn.medium",
+          "--duration", "3", "--omit", "1"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[None]:
+    net.up(TOPOLOGY)
+    servers = []
+    for host in ("far", "wide"):
+        s = subprocess.Popen(
+            net.in_ns(net.ns(host), [*PATHPROBE, "serve", "--allow", "198.18.0.0/15"]),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        assert s.stdout is not None and s.stdout.readline()  # ready
+        servers.append(s)
+    yield
+    for s in servers:
+        s.terminate()
+        s.wait(timeout=10)
+    net.down()
+
+
+def capacity(*args: str) -> subprocess.CompletedProcess[str]:
+    return in_host("near", [*PATHPROBE, "capacity", *args], timeout=300)
+
+
+def test_small_receive_buffer_is_diagnosed_and_predicted(lab: None, tmp_path: Path) -> None:
+    html = tmp_path / "report.html"
+    proc = capacity(address(2), "--streams", "1,4", "--receiver-rmem", "1Mi", "--json", "--report", str(html),
+                    *COMMON)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    review = json.loads(proc.stdout)
+    one = review["rows"][0]
+    assert one["expected_limit"] == "receive_window"
+    assert review["diagnosis"]["one_stream"].startswith(
+        "one flow is bound by the receive window: tcp_rmem max 1 MiB at 20"
+    )
+    # The predicted one-flow bound (1 MiB x 0.5 x 8 / RTT) within 15% of what one flow does.
+    assert one["bits_per_second"] == pytest.approx(one["expected_bits_per_second"], rel=0.15)
+    page = html.read_text()
+    assert "<svg" in page and "receive window" in page
+
+
+def test_shaped_path_knee_and_transfer_time(lab: None) -> None:
+    proc = capacity(address(3), "--streams", "1,2,4", "--volume", "1GB", "--price-per-gb", "0.09", "--json", *COMMON)
+    assert proc.returncode == 0, proc.stderr
+    review = json.loads(proc.stdout)
+    rates = [r["bits_per_second"] for r in review["rows"]]
+    link_payload_bits = payload_rate(300e6) * 8
+    assert all(r == pytest.approx(link_payload_bits, rel=0.05) for r in rates), rates
+    assert review["knee_streams"] == 1
+    at_knee = review["transfer_at_knee"]
+    assert at_knee["seconds"] == pytest.approx(1e9 * 8 / link_payload_bits, rel=0.05)
+    assert at_knee["cost"] == pytest.approx(0.09)
+
+
+def test_a_sweep_over_the_byte_limit_is_refused_before_sending(lab: None) -> None:
+    proc = capacity(address(3), "--streams", "1,8,64", "--max-bytes", "100MB", *COMMON)
+    assert proc.returncode == 2
+    assert "may move up to" in proc.stderr and "over --max-bytes 0.1 GB" in proc.stderr
+    assert proc.stdout == ""
