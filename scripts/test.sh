@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check exporter tests bench
-.venv/bin/ruff format --check exporter tests bench
+.venv/bin/ruff check exporter tests bench dashboards
+.venv/bin/ruff format --check exporter tests bench dashboards
 (cd exporter && ../.venv/bin/mypy src)
+.venv/bin/mypy --strict --ignore-missing-imports dashboards/generate.py
 .venv/bin/pytest -v exporter/tests tests "$@"

@@ -15,6 +15,8 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
+
 from . import __version__, alerts, capacity_cli, config, iperf, lab_cli
 from .allow import AllowList
 from .echo import EchoClient
@@ -121,6 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--params", help="YAML of alerts parameters (see alerts/README.md); default: the defaults")
     ar.add_argument("--out", help="file to write (atomically); default: standard output")
     ar.set_defaults(func=cmd_alerts_render)
+
+    aw = al.add_parser("webhook-routing", help="alertmanager.yml with every receiver a webhook (lab, laptop)")
+    aw.add_argument("--url", required=True, help="the webhook receiver's URL")
+    aw.add_argument("--config", default="alerts/alertmanager.yml", help="the production Alertmanager config")
+    aw.add_argument("--out", help="file to write (atomically); default: standard output")
+    aw.set_defaults(func=cmd_alerts_webhook_routing)
 
     lab_cli.add_parsers(sub)
     capacity_cli.add_parser(sub)
@@ -315,12 +323,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_alerts_render(args: argparse.Namespace) -> int:
-    text = alerts.dump(alerts.load_params(args.params))
-    if args.out:
-        out = Path(args.out)
-        tmp = out.with_suffix(out.suffix + ".tmp")
+    return _write(alerts.dump(alerts.load_params(args.params)), args.out)
+
+
+def cmd_alerts_webhook_routing(args: argparse.Namespace) -> int:
+    cfg = alerts.webhook_routing(Path(args.config).read_text(), args.url)
+    return _write(alerts.WEBHOOK_HEADER.format(url=args.url) + yaml.safe_dump(cfg, sort_keys=False), args.out)
+
+
+def _write(text: str, out: str | None) -> int:
+    """To a file, atomically (all or nothing), or to standard output."""
+    if out:
+        path = Path(out)
+        tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(text)
-        os.replace(tmp, out)
+        os.replace(tmp, path)
     else:
         sys.stdout.write(text)
     return 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+from pathlib import Path
 from typing import Any
 
 from .lab import net, topology
@@ -48,6 +50,11 @@ def add_parsers(sub: Any) -> None:
     c = cmds.add_parser("check-topology", help="validate a topology file")
     c.add_argument("file")
     c.set_defaults(func=lambda a: print(f"{a.file}: ok ({len(topology.load(a.file).hosts)} hosts)") or 0)
+
+    al = sub.add_parser("alert-log", help="an Alertmanager webhook receiver that logs alerts to a file")
+    al.add_argument("--listen", default="127.0.0.1:19099", help="HOST:PORT")
+    al.add_argument("--file", required=True, help="append each notification here, one JSON object a line")
+    al.set_defaults(func=cmd_alert_log)
 
     demo = sub.add_parser("demo", help="lab + exporters + Prometheus + Alertmanager, with a live table")
     demo.add_argument("--topology")
@@ -149,6 +156,17 @@ def cmd_impair(args: argparse.Namespace) -> int:
 def cmd_restore(args: argparse.Namespace) -> int:
     spec = _run(net.restore, _state(), args.src, args.dst)
     print(f"{args.src} -> {args.dst}: {spec.describe()} (as in the topology)")
+    return 0
+
+
+def cmd_alert_log(args: argparse.Namespace) -> int:
+    from .lab import demo
+
+    host, _, port = args.listen.rpartition(":")
+    server = demo.start_webhook(Path(args.file), int(port), host or "0.0.0.0")
+    print(f"logging alerts to {args.file} from http://{args.listen}/", flush=True)
+    signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    server.shutdown()
     return 0
 
 

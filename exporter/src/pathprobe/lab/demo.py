@@ -61,36 +61,24 @@ class _Webhook(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def start_webhook(log_file: Path, port: int) -> http.server.HTTPServer:
+def start_webhook(log_file: Path, port: int, host: str = "127.0.0.1") -> http.server.HTTPServer:
+    """An Alertmanager webhook receiver that appends each notification to `log_file`, one JSON a line."""
     handler = type("Webhook", (_Webhook,), {"log_file": log_file})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server = http.server.ThreadingHTTPServer((host, port), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
 
 def alertmanager_config(webhook_url: str) -> dict[str, Any]:
-    """The project's routing and inhibition when present, with every receiver a webhook to the
-    alert log and timers short enough for a lab (seconds, not minutes)."""
+    """The project's routing when present (see alerts.webhook_routing), else everything to the webhook."""
     base = repo_dir("alerts")
     if base and (base / "alertmanager.yml").exists():
-        cfg: dict[str, Any] = yaml.safe_load((base / "alertmanager.yml").read_text())
-        for receiver in cfg.get("receivers", []):
-            name = receiver["name"]
-            receiver.clear()
-            receiver.update({"name": name, "webhook_configs": [{"url": webhook_url, "send_resolved": True}]})
-        cfg.pop("global", None)
-        cfg["route"].update({"group_wait": "5s", "group_interval": "10s", "repeat_interval": "1h"})
-        return cfg
+        return alerts.webhook_routing((base / "alertmanager.yml").read_text(), webhook_url)
     return {
-        "route": {
-            "receiver": "log",
-            "group_by": ["alertname", "region"],
-            "group_wait": "5s",
-            "group_interval": "10s",
-            "repeat_interval": "1h",
-        },
+        "route": {"receiver": "log", "group_by": ["alertname", "region"], "group_wait": "5s",
+                  "group_interval": "10s", "repeat_interval": "1h"},
         "receivers": [{"name": "log", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
-    }
+    }  # fmt: skip
 
 
 def wait_ready(url: str, what: str, timeout: float = 60) -> None:

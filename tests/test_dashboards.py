@@ -1,0 +1,59 @@
+"""Dashboards as code: regenerating gives the committed JSON, and every dashboard follows
+the conventions (the live queries run in test_demo.py against the lab's Prometheus)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).parents[1]
+JSON = ROOT / "dashboards" / "json"
+UIDS = {"overview.json": "pathprobe-overview", "path-detail.json": "pathprobe-path",
+        "capacity.json": "pathprobe-capacity", "exporter-health.json": "pathprobe-exporter"}  # fmt: skip
+
+
+def dashboards() -> dict[str, dict]:
+    return {p.name: json.loads(p.read_text()) for p in sorted(JSON.glob("*.json"))}
+
+
+def test_regenerating_gives_the_committed_json() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "dashboards" / "generate.py"), "--check"],
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_stable_uids_and_links() -> None:
+    found = dashboards()
+    assert {name: d["uid"] for name, d in found.items()} == UIDS
+    for d in found.values():
+        assert any(link.get("tags") == ["pathprobe"] and link.get("includeVars") for link in d["links"]), d["uid"]
+
+
+@pytest.mark.parametrize("name", sorted(UIDS))
+def test_conventions(name: str) -> None:
+    d = dashboards()[name]
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert [v for v in variables.values() if v["type"] == "datasource"] == [variables["datasource"]]
+    for var in ("region", "host", "peer"):
+        assert variables[var]["multi"] and variables[var]["includeAll"], var
+    for panel in d["panels"]:
+        title = panel.get("title")
+        assert title, f"{name}: a panel without a title"
+        assert panel.get("description"), f"{name}/{title}: no description"
+        assert panel["fieldConfig"]["defaults"].get("unit"), f"{name}/{title}: no unit"
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, f"{name}/{title}"
+        assert panel["targets"], f"{name}/{title}: no query"
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == "${datasource}", f"{name}/{title}: hard-coded datasource"
+
+
+def test_provisioning_files() -> None:
+    ds = yaml.safe_load((ROOT / "dashboards" / "provisioning" / "datasources" / "pathprobe.yml").read_text())
+    assert [d["uid"] for d in ds["datasources"]] == ["pathprobe-prometheus"]
+    prov = yaml.safe_load((ROOT / "dashboards" / "provisioning" / "dashboards" / "pathprobe.yml").read_text())
+    assert prov["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards/pathprobe"
