@@ -1,0 +1,184 @@
+"""The Ansible role and playbooks: lint, syntax, argument specs, and a real deployment into
+lab hosts that have their own root filesystems (one debootstrap, copied per host)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import topology, wait_for
+from pathprobe.lab import demo, net
+from pathprobe.lab.topology import address
+
+ROOT = Path(__file__).parents[1]
+ANSIBLE = ROOT / "ansible"
+ROLE = ANSIBLE / "roles" / "pathprobe"
+BIN = Path(sys.executable).parent
+ROOTFS = Path("/var/tmp/pathprobe-rootfs")
+MIRROR = "http://deb.debian.org/debian"
+PROM_PORT = 19290
+
+
+def run(cmd: list[str], timeout: float = 600, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, cwd=ANSIBLE, **kw)  # type: ignore[call-overload, no-any-return]
+
+
+def test_ansible_lint_production_profile() -> None:
+    proc = run([str(BIN / "ansible-lint"), "--profile", "production", "--nocolor", "--format=pep8"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Profile 'production' was required, and it passed" in proc.stdout + proc.stderr
+
+
+def test_syntax_check() -> None:
+    proc = run([str(BIN / "ansible-playbook"), "--syntax-check", "playbooks/site.yml", "playbooks/monitoring.yml"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_argument_specs_list_exactly_the_defaults() -> None:
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    specs = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    assert set(specs) == set(defaults)
+    assert all(name.startswith("pathprobe_") for name in defaults)
+    for name, spec in specs.items():
+        assert spec["description"], name
+
+
+# --- a real deployment -----------------------------------------------------------------
+TOPOLOGY = topology("""
+hosts:
+  - {name: dep-tokyo, region: ap-northeast-1, zone: ap-northeast-1a}
+  - {name: dep-osaka, region: ap-northeast-3, zone: ap-northeast-3a}
+  - {name: dep-singapore, region: ap-southeast-1, zone: ap-southeast-1a}
+paths:
+  - {between: [ap-northeast-1, ap-northeast-3], rate: 300M, one_way_delay: 4ms}
+  - {between: [ap-northeast-1, ap-southeast-1], rate: 300M, one_way_delay: 10ms}
+  - {between: [ap-northeast-3, ap-southeast-1], rate: 300M, one_way_delay: 10ms}
+""")
+
+
+def base_rootfs() -> Path:
+    """Debian 12 with Python, as a cloud image has it; made once and kept between runs."""
+    base = ROOTFS / "base"
+    if not (base / "usr" / "bin" / "python3").exists():
+        shutil.rmtree(base, ignore_errors=True)
+        base.mkdir(parents=True)
+        cmd = ["debootstrap", "--variant=minbase", "--include=python3,python3-venv", "bookworm", str(base), MIRROR]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return base
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    work = tmp_path_factory.mktemp("ansible")
+    base = base_rootfs()
+    roots = {}
+    for h in TOPOLOGY.hosts:
+        root = ROOTFS / h.name
+        subprocess.run(["umount", "-l", str(root / "proc")], capture_output=True, check=False)
+        shutil.rmtree(root, ignore_errors=True)
+        subprocess.run(["cp", "-a", str(base), str(root)], check=True)
+        shutil.copy("/etc/resolv.conf", root / "etc" / "resolv.conf")  # as cloud-init would
+        subprocess.run(["mount", "-t", "proc", "proc", str(root / "proc")], check=True)
+        roots[h.name] = root
+    net.up(TOPOLOGY)
+    hosts = {
+        h.name: {"ansible_host": str(roots[h.name]), "pathprobe_address": address(i), "pathprobe_region": h.region,
+                 "pathprobe_zone": h.zone}
+        for i, h in enumerate(TOPOLOGY.hosts, start=1)
+    }  # fmt: skip
+    inventory = {"all": {"children": {
+        "pathprobe": {"hosts": hosts, "vars": {
+            "ansible_connection": "community.general.chroot", "ansible_become": False,
+            "ansible_python_interpreter": "/usr/bin/python3",
+            # No systemd in a chroot: install and configure; the test starts the exporters.
+            "pathprobe_service_manage": False,
+            "pathprobe_iperf3_auth": True,
+            "pathprobe_iperf3_keys_dir": str(work / "keys"),
+            "pathprobe_wheel_dir": str(work / "wheels"),
+            "pathprobe_probes": {"throughput": {"streams": [1], "duration_seconds": 2, "omit_seconds": 1},
+                                 "rtt": {"interval_seconds": 0.1}, "loss": {"rate_pps": 10}},
+            "pathprobe_schedule": {"slot_seconds": 16, "jitter_seconds": 1, "timeout_margin_seconds": 3},
+        }},
+        "monitoring": {"hosts": {"localhost": {"ansible_connection": "local", "ansible_become": False,
+                                               "ansible_python_interpreter": sys.executable}}},
+    }}}  # fmt: skip
+    (work / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    file_sd = work / "file_sd" / "pathprobe.json"
+    cmd = [str(BIN / "ansible-playbook"), "-i", str(work / "hosts.yml"), "playbooks/site.yml",
+           "playbooks/monitoring.yml", "-e", f"monitoring_file_sd_path={file_sd}",
+           "-e", "monitoring_install_rules=false"]  # fmt: skip
+    env = {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
+           "ANSIBLE_NOCOLOR": "1", "HOME": str(work)}  # fmt: skip
+    first = run(cmd, timeout=1200, env=env)
+    second = run(cmd, timeout=1200, env=env) if first.returncode == 0 else first
+    yield {"work": work, "roots": roots, "first": first, "second": second, "file_sd": file_sd}
+    net.down()
+    for root in roots.values():
+        subprocess.run(["umount", "-l", str(root / "proc")], capture_output=True, check=False)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def recap(output: str) -> dict[str, dict[str, int]]:
+    found = {}
+    for host, stats in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", output, re.M):
+        found[host] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", stats)}
+    return found
+
+
+def test_deploys_then_changes_nothing_on_a_second_run(deployed: dict) -> None:
+    first, second = deployed["first"], deployed["second"]
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
+    assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-2000:]
+    stats = recap(second.stdout)
+    assert set(stats) >= {h.name for h in TOPOLOGY.hosts} | {"localhost"}
+    assert all(s["changed"] == 0 and s["failed"] == 0 for s in stats.values()), stats
+    for root in deployed["roots"].values():
+        cfg = yaml.safe_load((root / "etc" / "pathprobe" / "pathprobe.yaml").read_text())
+        assert len(cfg["peers"]) == 2 and cfg["iperf3"]["auth"]["username"] == "pathprobe"
+        assert (root / "etc" / "systemd" / "system" / "pathprobe.service").exists()
+    targets = json.loads(deployed["file_sd"].read_text())
+    assert {t["labels"]["host"] for t in targets} == {h.name for h in TOPOLOGY.hosts}
+    assert all(t["labels"]["region"] and t["labels"]["zone"] for t in targets)
+
+
+def test_deployed_exporters_probe_each_other(deployed: dict) -> None:
+    work, roots = deployed["work"], deployed["roots"]
+    assert deployed["second"].returncode == 0
+    for name, root in roots.items():
+        # Started from the deployed files, as the unit would: the installed venv, the written config, its user.
+        log = (work / f"{name}.log").open("ab")
+        proc = subprocess.Popen(net.in_ns(net.ns(name), [
+            "chroot", "--userspec=pathprobe:pathprobe", str(root), "/opt/pathprobe/venv/bin/pathprobe", "run",
+            "--config", "/etc/pathprobe/pathprobe.yaml"]), stdout=log, stderr=log, start_new_session=True)  # fmt: skip
+        net.register(proc.pid, f"deployed exporter {name}")
+    prom_cfg = {
+        "global": {"scrape_interval": "5s"},
+        "scrape_configs": [{"job_name": "pathprobe", "file_sd_configs": [{"files": [str(deployed["file_sd"])]}]}],
+    }
+    (work / "prometheus.yml").write_text(yaml.safe_dump(prom_cfg))
+    prom = subprocess.Popen([demo.binary("prometheus"), f"--config.file={work / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={work / 'prom-data'}",
+                             f"--web.listen-address=127.0.0.1:{PROM_PORT}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    net.register(prom.pid, "prometheus (ansible test)")
+    url = f"http://127.0.0.1:{PROM_PORT}"
+    demo.wait_ready(f"{url}/-/ready", "Prometheus")
+    names = [h.name for h in TOPOLOGY.hosts]
+    paths = {(a, b) for a in names for b in names if a != b}
+
+    def measured(metric: str) -> set[tuple[str, str]]:
+        return {(s["metric"]["host"], s["metric"]["peer"]) for s in demo.query(url, metric)}
+
+    wait_for("RTT for every path", lambda: measured("pathprobe_rtt_seconds_count") >= paths, timeout=90)
+    # Throughput through iperf3 with the RSA keys the play generated and distributed.
+    wait_for("throughput for every path", lambda: measured("pathprobe_throughput_bytes_per_second") >= paths,
+             timeout=180)  # fmt: skip
