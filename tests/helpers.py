@@ -31,16 +31,8 @@ def in_host(host: str, cmd: list[str], timeout: float = 120) -> subprocess.Compl
 def start_exporter(host: str, cfg: dict[str, Any], workdir: Path) -> subprocess.Popen[bytes]:
     path = workdir / f"{host}.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    log = (workdir / f"{host}.log").open("ab")
-    proc = subprocess.Popen(
-        net.in_ns(net.ns(host), [*PATHPROBE, "run", "--config", str(path)]),
-        stdout=log,
-        stderr=log,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    net.register(proc.pid, f"exporter {host}")  # `lab down` stops it even if the test dies
-    return proc
+    cmd = net.in_ns(net.ns(host), [*PATHPROBE, "run", "--config", str(path)])
+    return net.spawn(cmd, workdir / f"{host}.log", f"exporter {host}")
 
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -155,21 +155,18 @@ def test_deployed_exporters_probe_each_other(deployed: dict) -> None:
     assert deployed["second"].returncode == 0
     for name, root in roots.items():
         # Started from the deployed files, as the unit would: the installed venv, the written config, its user.
-        log = (work / f"{name}.log").open("ab")
-        proc = subprocess.Popen(net.in_ns(net.ns(name), [
-            "chroot", "--userspec=pathprobe:pathprobe", str(root), "/opt/pathprobe/venv/bin/pathprobe", "run",
-            "--config", "/etc/pathprobe/pathprobe.yaml"]), stdout=log, stderr=log, start_new_session=True)  # fmt: skip
-        net.register(proc.pid, f"deployed exporter {name}")
+        cmd = net.in_ns(net.ns(name), ["chroot", "--userspec=pathprobe:pathprobe", str(root),
+                                       "/opt/pathprobe/venv/bin/pathprobe", "run", "--config",
+                                       "/etc/pathprobe/pathprobe.yaml"])  # fmt: skip
+        net.spawn(cmd, work / f"{name}.log", f"deployed exporter {name}")
     prom_cfg = {
         "global": {"scrape_interval": "5s"},
         "scrape_configs": [{"job_name": "pathprobe", "file_sd_configs": [{"files": [str(deployed["file_sd"])]}]}],
     }
     (work / "prometheus.yml").write_text(yaml.safe_dump(prom_cfg))
-    prom = subprocess.Popen([demo.binary("prometheus"), f"--config.file={work / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={work / 'prom-data'}",
-                             f"--web.listen-address=127.0.0.1:{PROM_PORT}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    net.register(prom.pid, "prometheus (ansible test)")
+    net.spawn([demo.binary("prometheus"), f"--config.file={work / 'prometheus.yml'}",
+               f"--storage.tsdb.path={work / 'prom-data'}", f"--web.listen-address=127.0.0.1:{PROM_PORT}"],
+              work / "prometheus.log", "prometheus (ansible test)")  # fmt: skip
     url = f"http://127.0.0.1:{PROM_PORT}"
     demo.wait_ready(f"{url}/-/ready", "Prometheus")
     names = [h.name for h in TOPOLOGY.hosts]

@@ -13,12 +13,13 @@ then echoes every `size`-byte request back on the same connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import struct
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from .allow import AllowList
@@ -73,39 +74,38 @@ class RrClient:
         finally:
             _close(writer)
 
-    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    @contextlib.contextmanager
+    def _failures(self, what: str) -> Iterator[None]:
+        """Socket and stream errors as ProbeFailure with their metric reason."""
         try:
+            yield
+        except TimeoutError as exc:
+            raise ProbeFailure("timeout", f"no {what} from {self.address}:{self.port} in {self.timeout:g} s") from exc
+        except asyncio.IncompleteReadError as exc:
+            raise ProbeFailure("error", f"responder closed the connection before the {what}") from exc
+        except OSError as exc:
+            raise ProbeFailure(reason_of_oserror(exc), str(exc)) from exc
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        with self._failures("hello"):
             async with asyncio.timeout(self.timeout):
                 reader, writer = await asyncio.open_connection(self.address, self.port)
-            sock = writer.get_extra_info("socket")
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             writer.write(HELLO.pack(MAGIC, VERSION, self.size))
             async with asyncio.timeout(self.timeout):
                 answer = await reader.readexactly(1)
-        except TimeoutError as exc:
-            raise ProbeFailure("timeout", f"no answer from {self.address}:{self.port} in {self.timeout:g} s") from exc
-        except asyncio.IncompleteReadError as exc:
-            raise ProbeFailure("error", "responder closed the connection during the hello") from exc
-        except OSError as exc:
-            raise ProbeFailure(reason_of_oserror(exc), str(exc)) from exc
         if answer != b"Y":
             _close(writer)
             raise ProbeFailure("not_allowed", f"{self.address}:{self.port} refused this host")
         return reader, writer
 
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> float:
-        try:
+        with self._failures("response"):
             start = time.perf_counter()
             writer.write(self._payload)
             async with asyncio.timeout(self.timeout):
                 await reader.readexactly(self.size)
             return time.perf_counter() - start
-        except TimeoutError as exc:
-            raise ProbeFailure("timeout", f"no response within {self.timeout:g} s") from exc
-        except asyncio.IncompleteReadError as exc:
-            raise ProbeFailure("error", "responder closed the connection") from exc
-        except OSError as exc:
-            raise ProbeFailure(reason_of_oserror(exc), str(exc)) from exc
 
 
 def _close(writer: asyncio.StreamWriter | None) -> None:

@@ -10,7 +10,6 @@ import json
 import math
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -202,16 +201,8 @@ def start_exporters(topo: topology.Topology, work: Path, slot_seconds: float) ->
         cfg = exporter_config(topo, h.name, work, slot_seconds)
         path = work / f"{h.name}.yaml"
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-        log = (work / f"{h.name}.log").open("ab")
-        proc = subprocess.Popen(
-            net.in_ns(net.ns(h.name), [sys.executable, "-m", "pathprobe", "run", "--config", str(path)]),
-            stdout=log,
-            stderr=log,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        log.close()
-        net.register(proc.pid, f"exporter {h.name}")
+        cmd = net.in_ns(net.ns(h.name), [sys.executable, "-m", "pathprobe", "run", "--config", str(path)])
+        net.spawn(cmd, work / f"{h.name}.log", f"exporter {h.name}")
         targets.append(cfg["web"]["listen"])
     for t in targets:
         wait_ready(f"http://{t}/metrics", f"exporter {t}", timeout=30)
@@ -231,36 +222,14 @@ def start_monitoring(topo: topology.Topology, work: Path, prom_port: int, am_por
     )
     for d in ("prometheus-data", "alertmanager-data"):
         shutil.rmtree(work / d, ignore_errors=True)
-    am_log = (work / "alertmanager.log").open("ab")
-    am = subprocess.Popen(
-        [
-            binary("prometheus-alertmanager", "alertmanager"),
-            f"--config.file={work / 'alertmanager.yml'}",
-            f"--storage.path={work / 'alertmanager-data'}",
-            f"--web.listen-address={am_addr}",
-            "--cluster.listen-address=",
-        ],
-        stdout=am_log,
-        stderr=am_log,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    net.register(am.pid, "alertmanager")
-    prom_log = (work / "prometheus.log").open("ab")
-    prom = subprocess.Popen(
-        [
-            binary("prometheus"),
-            f"--config.file={work / 'prometheus.yml'}",
-            f"--storage.tsdb.path={work / 'prometheus-data'}",
-            f"--web.listen-address=127.0.0.1:{prom_port}",
-            "--web.enable-lifecycle",
-        ],
-        stdout=prom_log,
-        stderr=prom_log,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    net.register(prom.pid, "prometheus")
+    am_cmd = [binary("prometheus-alertmanager", "alertmanager"), f"--config.file={work / 'alertmanager.yml'}",
+              f"--storage.path={work / 'alertmanager-data'}", f"--web.listen-address={am_addr}",
+              "--cluster.listen-address="]  # fmt: skip
+    net.spawn(am_cmd, work / "alertmanager.log", "alertmanager")
+    prom_cmd = [binary("prometheus"), f"--config.file={work / 'prometheus.yml'}",
+                f"--storage.tsdb.path={work / 'prometheus-data'}", f"--web.listen-address=127.0.0.1:{prom_port}",
+                "--web.enable-lifecycle"]  # fmt: skip
+    net.spawn(prom_cmd, work / "prometheus.log", "prometheus")
     prom_url = f"http://127.0.0.1:{prom_port}"
     wait_ready(f"{prom_url}/-/ready", "Prometheus")
     wait_ready(f"http://{am_addr}/-/ready", "Alertmanager")

@@ -376,6 +376,15 @@ def kill(pid: int, grace: float = 3.0) -> None:
             time.sleep(0.05)
 
 
+def spawn(cmd: list[str], log: Path, what: str) -> subprocess.Popen[bytes]:
+    """Start a process of the lab in its own session, output to `log`, registered so that
+    `lab down` stops it even if whoever started it dies first."""
+    with log.open("ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=out, stdin=subprocess.DEVNULL, start_new_session=True)
+    register(proc.pid, what)
+    return proc
+
+
 def register(pid: int, what: str) -> None:
     state = State.load()
     if state is not None:
