@@ -60,7 +60,7 @@ def test_small_receive_buffer_is_diagnosed_and_predicted(lab: None, tmp_path: Pa
     assert review["diagnosis"]["one_stream"].startswith(
         "one flow is bound by the receive window: tcp_rmem max 1 MiB at 20"
     )
-    # The predicted one-flow bound (1 MiB x 0.5 x 8 / RTT) within 15% of what one flow does.
+    # The predicted one-flow bound (1 MiB x in-flight share x 8 / RTT) within 15% of what one flow does.
     assert one["bits_per_second"] == pytest.approx(one["expected_bits_per_second"], rel=0.15)
     page = html.read_text()
     assert "<svg" in page and "receive window" in page

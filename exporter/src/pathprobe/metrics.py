@@ -88,7 +88,8 @@ class Metrics:
         )
         self.receive_window_bound = g(
             "pathprobe_throughput_receive_window_bound_bytes_per_second",
-            "Receive-window bound of one TCP flow: usable window / RTT (p50 of the last 5 minutes), times streams.",
+            "Receive-window bound: the receiver's tcp_rmem max times the share TCP keeps in flight, over the RTT "
+            "(median of the last 256 samples), times streams.",
             TEST,
         )
 
