@@ -5,7 +5,6 @@ Validated like the exporter config (file:line and field path on error).
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -22,7 +21,6 @@ Delay = Annotated[float, BeforeValidator(lambda v: parse_duration(v, "one_way_de
 Loss = Annotated[float, BeforeValidator(lambda v: parse_ratio(v, "loss"))]
 Size = Annotated[int, BeforeValidator(lambda v: int(parse_quantity(v, "size"))), Field(gt=0)]
 
-NETWORK = ipaddress.IPv4Network("198.18.0.0/15")  # RFC 2544, for benchmarking
 
 
 class LabHost(Strict):
