@@ -22,7 +22,6 @@ Loss = Annotated[float, BeforeValidator(lambda v: parse_ratio(v, "loss"))]
 Size = Annotated[int, BeforeValidator(lambda v: int(parse_quantity(v, "size"))), Field(gt=0)]
 
 
-
 class LabHost(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,20}$")
     region: str
