@@ -73,9 +73,15 @@ def test_demo_fills_prometheus_for_every_path_then_cleans_up(tmp_path: Path) -> 
 
         # Every directed path: RTT at once, throughput within one rotation (3 slots of 30 s).
         wait_for("RTT for every path", lambda: measured("pathprobe_rtt_seconds_count") >= paths, timeout=60)
+
+        # Both stream counts: a turn runs them one after the other, so the first alone is not enough.
+        def measured_streams() -> set[tuple[str, str, str]]:
+            series = query('pathprobe_throughput_bytes_per_second{direction="send"}')
+            return {(s["metric"]["host"], s["metric"]["peer"], s["metric"]["streams"]) for s in series}
+
         wait_for(
-            "throughput for every path",
-            lambda: measured('pathprobe_throughput_bytes_per_second{direction="send"}') >= paths,
+            "throughput for every path at 1 and 4 streams",
+            lambda: measured_streams() >= {(a, b, n) for a, b in paths for n in ("1", "4")},
             timeout=240,
         )
         targets = json.load(urllib.request.urlopen(f"{PROM}/api/v1/targets", timeout=5))["data"]["activeTargets"]

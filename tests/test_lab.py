@@ -79,10 +79,11 @@ def serving(lab_up: Path) -> Iterator[None]:
     assert serve.wait(timeout=10) == 0
 
 
-def rtt_p50(src: str, dst_index: int) -> float:
+def rtt_p50(src: str, dst_index: int, probe: str = "rtt") -> float:
     # Back to back (interval below the RTT), as netperf TCP_RR: the warm case; bench/lab_fidelity.py
     # measures the cold one.
-    proc = in_host(src, [*PATHPROBE, "probe", "rtt", address(dst_index), "-c", "100", "-i", "0.005", "--json"])
+    pace = ["-i", "0.005"] if probe == "rtt" else ["--rate", "200"]
+    proc = in_host(src, [*PATHPROBE, "probe", probe, address(dst_index), "-c", "100", *pace, "--json"])
     assert proc.returncode == 0, proc.stderr
     return float(json.loads(proc.stdout)["rtt_seconds"]["p50"])
 
@@ -118,8 +119,8 @@ def test_down_cleans_up_after_a_crashed_up() -> None:
 
 
 def test_configured_delay_is_measured(serving: None) -> None:
-    p50 = rtt_p50("east", 2)
-    assert p50 == pytest.approx(0.020, abs=RTT_TOLERANCE)
+    assert rtt_p50("east", 2) == pytest.approx(0.020, abs=RTT_TOLERANCE)
+    assert rtt_p50("east", 2, "loss") == pytest.approx(0.020, abs=RTT_TOLERANCE)
 
 
 def test_impair_changes_what_is_measured_and_restore_brings_it_back(serving: None) -> None:

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from pathprobe.allow import AllowList
-from pathprobe.echo import REFUSAL, REFUSED, EchoClient, EchoResponder, packet
+from pathprobe.echo import HEADER, MAGIC, REFUSAL, REFUSED, EchoClient, EchoResponder, packet
 from pathprobe.results import ReportSink, RttReport
 
 
@@ -96,3 +96,25 @@ def test_allow_list_handles_mapped_ipv6_and_junk() -> None:
     assert allow.allows("2001:db8::1")
     assert not allow.allows("198.20.0.1")
     assert not allow.allows("not-an-address")
+
+
+def test_rtt_leaves_out_the_responders_hold_time() -> None:
+    c, r = client()
+    now = time.perf_counter()
+    send(c, 0, now - 0.050)  # 50 ms ago by the monotonic clock
+    sent_ns = time.time_ns() - 30_000_000
+    # On the wire 30 ms by the kernel's stamps, 2 ms of which the responder held it.
+    c.datagram_received(packet(0, 64, sent_ns, hold_ns=2_000_000), ("x", 1), arrived_ns=sent_ns + 30_000_000)
+    assert r.rtts == [pytest.approx(0.028, abs=1e-6)]
+
+
+def test_responder_fills_in_its_hold_time_and_keeps_the_rest() -> None:
+    resp = EchoResponder(AllowList(["198.18.1.0/24"]), max_pps_per_source=5, count=lambda _: None)
+    t = FakeTransport()
+    resp.connection_made(t)  # type: ignore[arg-type]
+    request = packet(3, 64, 123, hold_ns=0)
+    resp.datagram_received(request, ("198.18.1.2", 4000), arrived_ns=time.time_ns() - 1_000_000)
+    reply = t.sent[0][0]
+    magic, seq, clock, hold = HEADER.unpack_from(reply)
+    assert (magic, seq, clock, len(reply)) == (MAGIC, 3, 123, 64)
+    assert 1_000_000 <= hold < 1_000_000_000

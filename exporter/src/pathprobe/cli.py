@@ -19,7 +19,7 @@ import yaml
 
 from . import __version__, alerts, capacity_cli, config, iperf, lab_cli
 from .allow import AllowList
-from .echo import EchoClient
+from .echo import HEADER, EchoClient
 from .exporter import Exporter
 from .metrics import Metrics
 from .responders import iperf3_server_command, start_rr_and_echo, supervise_iperf3
@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--port", type=int, default=9470)
     lo.add_argument("--count", "-c", type=int, default=100)
     lo.add_argument("--rate", type=float, default=50, help="packets per second")
-    lo.add_argument("--size", type=int, default=64)
+    lo.add_argument("--size", type=_echo_size, default=64, help=f"bytes per packet, {HEADER.size} to 1400")
     lo.add_argument("--timeout", type=float, default=2.0, help="seconds before a packet counts as lost")
     lo.add_argument("--json", action="store_true")
     lo.set_defaults(func=cmd_probe_loss)
@@ -140,6 +140,13 @@ def _network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
         return ipaddress.ip_network(text, strict=False)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"not a network: {text!r}") from exc
+
+
+def _echo_size(text: str) -> int:
+    size = int(text)
+    if not HEADER.size <= size <= 1400:
+        raise argparse.ArgumentTypeError(f"{size} is outside {HEADER.size}..1400 bytes")
+    return size
 
 
 def _quantity(text: str | None, what: str) -> float | None:

@@ -88,7 +88,7 @@ class RttSettings(Strict):
 class LossSettings(Strict):
     enabled: bool = True
     rate_pps: float = Field(default=10, gt=0, le=1000)
-    size_bytes: int = Field(default=64, ge=24, le=1400)
+    size_bytes: int = Field(default=64, ge=28, le=1400)  # 28: the echo header (echo.HEADER)
     # A packet is lost only when no echo came within this time.
     timeout_seconds: float = Field(default=2.0, gt=0, le=30)
 

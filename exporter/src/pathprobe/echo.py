@@ -1,7 +1,8 @@
 """UDP echo probe: loss, duplicates, reordering, jitter and RTT from a low-rate stream.
 
-Wire format: b"PPUE", sequence (u64), sender's clock (u64 ns), zero padding to
-the configured size. The responder returns the datagram unchanged, or a short
+Wire format: b"PPUE", sequence (u64), sender's wall clock (u64 ns), the responder's
+hold time (u64 ns, zero in the request), zero padding to the configured size. The
+responder returns the datagram with its hold time filled in (see stamps.py), or a short
 b"PPUN" + sequence to a source it does not allow (never larger than the request,
 so it cannot amplify). A packet counts as lost only when no echo came within the
 timeout; an echo that arrives after that counts as late, a second echo of the
@@ -19,10 +20,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
+from . import stamps
 from .allow import AllowList
 from .results import reason_of_oserror
 
-HEADER = struct.Struct("!4sQQ")
+HEADER = struct.Struct("!4sQQQ")
+HOLD = struct.Struct("!Q")
+HOLD_OFFSET = 20
 MAGIC = b"PPUE"
 REFUSED = b"PPUN"
 REFUSAL = struct.Struct("!4sQ")
@@ -42,12 +46,12 @@ class EchoSink(Protocol):
     def failure(self, reason: str) -> None: ...
 
 
-def packet(seq: int, size: int, clock_ns: int) -> bytes:
-    head = HEADER.pack(MAGIC, seq, clock_ns)
+def packet(seq: int, size: int, clock_ns: int, hold_ns: int = 0) -> bytes:
+    head = HEADER.pack(MAGIC, seq, clock_ns, hold_ns)
     return head + b"\x00" * max(0, size - len(head))
 
 
-class EchoClient(asyncio.DatagramProtocol):
+class EchoClient:
     def __init__(self, address: str, port: int, rate_pps: float, size: int, timeout: float, sink: EchoSink):
         self.address, self.port = address, port
         self.rate, self.size, self.timeout = rate_pps, size, timeout
@@ -61,9 +65,21 @@ class EchoClient(asyncio.DatagramProtocol):
         self._jitter = 0.0
         self._memory = max(1024, int(rate_pps * timeout * 4))
 
-    # --- asyncio protocol callbacks
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+    # --- receiving
+    def _read(self, sock: socket.socket) -> None:
+        for _ in range(64):
+            try:
+                data, ancdata, _, addr = sock.recvmsg(2048, stamps.CMSG_SPACE)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # ICMP errors on the connected socket (port or host unreachable)
+                self.sink.failure(reason_of_oserror(exc))
+                return
+            self.datagram_received(data, addr, stamps.kernel_time(ancdata))
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int], arrived_ns: int | None = None) -> None:
         now = time.perf_counter()
+        arrived_ns = arrived_ns or time.time_ns()
         if data[:4] == REFUSED and len(data) >= REFUSAL.size:
             _, seq = REFUSAL.unpack_from(data)
             if self._outstanding.pop(seq, None) is not None:
@@ -71,7 +87,7 @@ class EchoClient(asyncio.DatagramProtocol):
             return
         if data[:4] != MAGIC or len(data) < HEADER.size:
             return
-        _, seq, _ = HEADER.unpack_from(data)
+        _, seq, sent_ns, hold_ns = HEADER.unpack_from(data)
         sent_at = self._outstanding.pop(seq, None)
         if sent_at is None:
             if seq in self._answered:
@@ -79,7 +95,7 @@ class EchoClient(asyncio.DatagramProtocol):
             elif seq in self._expired:
                 self.sink.late()
             return
-        rtt = now - sent_at
+        rtt = stamps.network_rtt(sent_ns, arrived_ns, now - sent_at, hold_ns)
         if seq < self._newest:
             self.sink.reordered()
         self._newest = max(self._newest, seq)
@@ -89,10 +105,6 @@ class EchoClient(asyncio.DatagramProtocol):
             self.sink.jitter(self._jitter)
         self._last_rtt = rtt
         self.sink.received(rtt)
-
-    def error_received(self, exc: Exception) -> None:
-        # ICMP errors on the connected socket (port or host unreachable).
-        self.sink.failure(reason_of_oserror(exc) if isinstance(exc, OSError) else "error")
 
     # --- sending and expiry
     def _remember(self, table: OrderedDict[int, None], seq: int) -> None:
@@ -112,11 +124,17 @@ class EchoClient(asyncio.DatagramProtocol):
     async def run(self, count: int | None = None) -> None:
         """Send `count` packets (forever when None) at the configured rate."""
         loop = asyncio.get_running_loop()
+        family = socket.AF_INET6 if ":" in self.address else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_DGRAM)
         try:
-            transport, _ = await loop.create_datagram_endpoint(lambda: self, remote_addr=(self.address, self.port))
+            sock.setblocking(False)
+            stamps.enable(sock)
+            sock.connect((self.address, self.port))
         except OSError as exc:
+            sock.close()
             self.sink.failure(reason_of_oserror(exc))
             raise
+        loop.add_reader(sock.fileno(), self._read, sock)
         try:
             interval = 1 / self.rate
             due = loop.time()
@@ -126,7 +144,12 @@ class EchoClient(asyncio.DatagramProtocol):
                 now = time.perf_counter()
                 self._expire(now)
                 self._outstanding[self._seq] = now
-                transport.sendto(packet(self._seq, self.size, time.monotonic_ns()))
+                try:
+                    sock.send(packet(self._seq, self.size, time.time_ns()))
+                except BlockingIOError:
+                    pass  # a full send buffer drops the packet: it counts as lost
+                except OSError as exc:
+                    self.sink.failure(reason_of_oserror(exc))
                 self.sink.sent(self.size)
                 self._seq += 1
             # One-shot: wait for the last echoes, then count what is missing as lost.
@@ -135,7 +158,8 @@ class EchoClient(asyncio.DatagramProtocol):
                 await asyncio.sleep(min(0.05, self.timeout))
             self._expire(time.perf_counter(), everything=True)
         finally:
-            transport.close()
+            loop.remove_reader(sock.fileno())
+            sock.close()
 
 
 class _Sender(Protocol):
@@ -155,7 +179,7 @@ class EchoResponder(asyncio.DatagramProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # a datagram transport has sendto
 
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+    def datagram_received(self, data: bytes, addr: tuple[str, int], arrived_ns: int | None = None) -> None:
         if self.transport is None:
             return
         if data[:4] != MAGIC or len(data) < HEADER.size:
@@ -164,14 +188,16 @@ class EchoResponder(asyncio.DatagramProtocol):
         source = addr[0]
         if not self.allow.allows(source):
             self.count("not_allowed")
-            _, seq, _ = HEADER.unpack_from(data)
+            seq = HEADER.unpack_from(data)[1]
             self.transport.sendto(REFUSAL.pack(REFUSED, seq), addr)
             return
         if not self._take_token(source):
             self.count("rate_limited")
             return
         self.count("accepted")
-        self.transport.sendto(data, addr)
+        # Taken last, so that the hold covers everything but the send itself.
+        hold = max(0, time.time_ns() - (arrived_ns or time.time_ns()))
+        self.transport.sendto(data[:HOLD_OFFSET] + HOLD.pack(hold) + data[HOLD_OFFSET + HOLD.size :], addr)
 
     def _take_token(self, source: str) -> bool:
         now = time.monotonic()
@@ -196,6 +222,7 @@ class EchoResponder(asyncio.DatagramProtocol):
             sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
         else:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, 1)
+        stamps.enable(sock)
         self.transport = _PktinfoTransport(sock)
         loop.add_reader(sock, self._read, sock)
         return self.transport  # type: ignore[return-value]
@@ -206,7 +233,7 @@ class EchoResponder(asyncio.DatagramProtocol):
         # the prober's connected socket would drop the answer.
         for _ in range(64):
             try:
-                data, ancdata, _, addr = sock.recvmsg(2048, socket.CMSG_SPACE(64))
+                data, ancdata, _, addr = sock.recvmsg(2048, socket.CMSG_SPACE(64) + stamps.CMSG_SPACE)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -217,7 +244,7 @@ class EchoResponder(asyncio.DatagramProtocol):
                 for lvl, kind, payload in ancdata
                 if (lvl, kind) in ((socket.IPPROTO_IP, IP_PKTINFO), (socket.IPPROTO_IPV6, socket.IPV6_PKTINFO))
             ]
-            self.datagram_received(data, addr)
+            self.datagram_received(data, addr, stamps.kernel_time(ancdata))
 
 
 class _PktinfoTransport:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .allow import AllowList
 from .config import Iperf3Settings, Responders
 from .echo import EchoResponder
-from .rr import RrResponder
+from .rr import RrResponder, RrServer
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ async def stop_group(proc: asyncio.subprocess.Process, grace: float = 2.0) -> No
 
 @dataclass
 class Running:
-    rr: asyncio.Server
+    rr: RrServer
     echo: asyncio.DatagramTransport
 
     def close(self) -> None:

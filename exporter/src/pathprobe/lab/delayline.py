@@ -7,7 +7,9 @@ nfnetlink_queue protocol directly (no library can set F_GSO; see LAB_NOTES):
 - F_GSO: GSO super-packets are queued whole (far fewer packets);
 - one batch verdict per queue per wake-up accepts every due packet at once,
   which is correct because all packets of a queue have the same delay (FIFO);
-- a large receive buffer and NETLINK_NO_ENOBUFS.
+- a large receive buffer and NETLINK_NO_ENOBUFS;
+- each packet's hold runs from the kernel's receive timestamp (NFQA_TIMESTAMP), so
+  this process's own wake-up latency is not added to the path's delay.
 One process serves all queues of the lab over one socket.
 """
 
@@ -26,6 +28,8 @@ import struct
 import sys
 import time
 
+from .. import stamps
+
 NETLINK_NETFILTER = 12
 SOL_NETLINK = 270
 NETLINK_NO_ENOBUFS = 5
@@ -36,6 +40,7 @@ NFQNL_MSG_CONFIG = 2
 NFQNL_MSG_VERDICT_BATCH = 3
 NFQA_PACKET_HDR = 1
 NFQA_VERDICT_HDR = 2
+NFQA_TIMESTAMP = 4
 NFQA_CFG_CMD = 1
 NFQA_CFG_PARAMS = 2
 NFQA_CFG_QUEUE_MAXLEN = 3
@@ -50,10 +55,12 @@ NLMSG_ERROR = 2
 NF_ACCEPT = 1
 PR_SET_TIMERSLACK = 29
 SPIN_SECONDS = 0.0003
+MAX_CATCH_UP = 0.005  # a larger gap is a clock step, not a late wake-up
 
 NLMSGHDR = struct.Struct("=IHHII")
 NFGENMSG = struct.Struct("=BBH")  # family, version, res_id (big-endian, packed by hand)
 NLATTR = struct.Struct("=HH")
+TIMESTAMP = struct.Struct("!QQ")  # seconds, microseconds (CLOCK_REALTIME)
 
 
 def _attr(kind: int, payload: bytes) -> bytes:
@@ -73,6 +80,10 @@ class DelayLine:
         self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 64 * 2**20)
         self.sock.setsockopt(SOL_NETLINK, NETLINK_NO_ENOBUFS, 1)
         self.sock.bind((0, 0))
+        # The kernel stamps packets on receive only while some socket asks for stamps
+        # (a global switch); hold one open so that every queued packet has NFQA_TIMESTAMP.
+        self._stamps_on = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        stamps.enable(self._stamps_on)
         self.held: dict[int, collections.deque[tuple[float, int]]] = {q: collections.deque() for q in delays}
         for seq, queue in enumerate(delays, start=1):
             self._configure(queue, maxlen, seq)
@@ -100,6 +111,9 @@ class DelayLine:
         if msg_type != (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET:
             return
         queue = socket.ntohs(NFGENMSG.unpack_from(payload)[2])
+        held = self.held.get(queue)
+        packet_id = None
+        waited = 0.0
         pos = NFGENMSG.size
         while pos + NLATTR.size <= len(payload):
             length, kind = NLATTR.unpack_from(payload, pos)
@@ -107,11 +121,14 @@ class DelayLine:
                 break
             if kind & 0x7FFF == NFQA_PACKET_HDR:
                 packet_id = struct.unpack_from("!I", payload, pos + NLATTR.size)[0]
-                held = self.held.get(queue)
-                if held is not None:
-                    held.append((now + self.delays[queue], packet_id))
-                return
+            elif kind & 0x7FFF == NFQA_TIMESTAMP:
+                sec, usec = TIMESTAMP.unpack_from(payload, pos + NLATTR.size)
+                waited = time.time() - sec - usec / 1e6
             pos += (length + 3) & ~3
+        if held is not None and packet_id is not None:
+            # The packet's delay runs from when the kernel queued it, not from when this
+            # process woke up to read it (a wake-up takes 0.05-0.2 ms on a VM).
+            held.append((now + self.delays[queue] - min(max(waited, 0.0), MAX_CATCH_UP), packet_id))
 
     def _release(self, now: float) -> float | None:
         """Accept every due packet; return the time until the next one is due."""

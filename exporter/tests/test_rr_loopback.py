@@ -1,0 +1,90 @@
+"""TCP request/response probe and responder over loopback sockets, in one event loop."""
+
+import asyncio
+import socket
+
+import pytest
+
+from pathprobe.allow import AllowList
+from pathprobe.results import ReportSink, RttReport
+from pathprobe.rr import MAX_BUFFERED, READ_SIZE, Connection, RrClient, RrResponder
+
+
+async def probe(port: int, count: int) -> RttReport:
+    report = RttReport("tcp", 0.001, 1)
+    await RrClient("127.0.0.1", port, 0.001, 1, 2.0, ReportSink(report)).run(count=count)
+    return report
+
+
+def test_exchanges_and_refusals_are_counted() -> None:
+    async def scenario() -> tuple[RttReport, RttReport, list[str]]:
+        counts: list[str] = []
+        server = await RrResponder(AllowList(["127.0.0.0/8"]), 4, counts.append).start("127.0.0.1", 0)
+        port = server.listener.getsockname()[1]
+        ok = await probe(port, 20)
+        server.close()
+        strict = await RrResponder(AllowList(["198.18.0.0/15"]), 4, counts.append).start("127.0.0.1", 0)
+        refused = await probe(strict.listener.getsockname()[1], 1)
+        strict.close()
+        return ok, refused, counts
+
+    ok, refused, counts = asyncio.run(scenario())
+    assert ok.received == 20 and not ok.failures
+    assert all(0 < rtt < 0.05 for rtt in ok.rtts)
+    assert refused.failures == {"not_allowed": 1}
+    assert counts == ["accepted", "not_allowed"]
+
+
+def test_a_sender_that_never_reads_is_held_to_a_bounded_buffer() -> None:
+    async def scenario() -> tuple[int, int]:
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        conn = Connection(b)
+        sent = blocked = 0
+        while blocked < 5 and sent < 8 * MAX_BUFFERED:  # until the kernel's buffers are full too
+            try:
+                sent += a.send(b"x" * READ_SIZE)
+                blocked = 0
+            except BlockingIOError:
+                blocked += 1
+                await asyncio.sleep(0.01)  # lets the connection read what it will
+        buffered = len(conn._buffer)
+        data, _ = await conn.read(sent)  # reading drains the buffer and resumes the socket
+        conn.close()
+        a.close()
+        return buffered, len(data)
+
+    buffered, drained = asyncio.run(scenario())
+    assert MAX_BUFFERED <= buffered < MAX_BUFFERED + READ_SIZE
+    assert drained > MAX_BUFFERED
+
+
+def test_the_responder_closing_early_is_an_error_not_a_hang() -> None:
+    async def scenario() -> RttReport:
+        async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read(9)
+            writer.write(b"Y")
+            await reader.read(1)
+            writer.close()
+
+        server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+        report = await probe(server.sockets[0].getsockname()[1], 1)
+        server.close()
+        return report
+
+    assert asyncio.run(scenario()).failures == {"error": 1}
+
+
+@pytest.mark.parametrize("hello", [b"PPRR\x01\x00\x00\x00\x01", b"GET / HTTP/1.0\r\n\r\n"])
+def test_old_or_foreign_hellos_are_malformed(hello: bytes) -> None:
+    async def scenario() -> tuple[bytes, list[str]]:
+        counts: list[str] = []
+        server = await RrResponder(AllowList(["127.0.0.0/8"]), 4, counts.append).start("127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.listener.getsockname()[1])
+        writer.write(hello)
+        answer = await asyncio.wait_for(reader.read(1), 5)
+        writer.close()
+        server.close()
+        return answer, counts
+
+    assert asyncio.run(scenario()) == (b"N", ["malformed"])
