@@ -1,4 +1,4 @@
-"""TCP request/response probe and responder over loopback sockets, in one event loop."""
+"""The probes and responders over loopback sockets, in one event loop."""
 
 import asyncio
 import socket
@@ -6,6 +6,7 @@ import socket
 import pytest
 
 from pathprobe.allow import AllowList
+from pathprobe.echo import EchoClient, EchoResponder
 from pathprobe.results import ReportSink, RttReport
 from pathprobe.rr import MAX_BUFFERED, READ_SIZE, Connection, RrClient, RrResponder
 
@@ -88,3 +89,22 @@ def test_old_or_foreign_hellos_are_malformed(hello: bytes) -> None:
         return answer, counts
 
     assert asyncio.run(scenario()) == (b"N", ["malformed"])
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "::1"])
+def test_both_probes_work_over_ipv4_and_ipv6(address: str) -> None:
+    async def scenario() -> tuple[RttReport, RttReport]:
+        allow = AllowList(["127.0.0.0/8", "::1/128"])
+        rr = await RrResponder(allow, 4, lambda _: None).start(address, 0)
+        echo = await EchoResponder(allow, 1000, lambda _: None).start(address, 0)
+        tcp, udp = RttReport("tcp", 0.001, 1), RttReport("udp", 0.005, 64)
+        await RrClient(address, rr.listener.getsockname()[1], 0.001, 1, 2.0, ReportSink(tcp)).run(count=10)
+        port = echo.sock.getsockname()[1]  # type: ignore[attr-defined]
+        await EchoClient(address, port, 200, 64, 1.0, ReportSink(udp)).run(count=10)
+        rr.close()
+        echo.close()
+        return tcp, udp
+
+    tcp, udp = asyncio.run(scenario())
+    assert (tcp.received, udp.received, udp.lost) == (10, 10, 0)
+    assert all(0 < rtt < 0.05 for rtt in tcp.rtts + udp.rtts)
