@@ -150,6 +150,19 @@ def test_deploys_then_changes_nothing_on_a_second_run(deployed: dict) -> None:
     assert all(t["labels"]["region"] and t["labels"]["zone"] for t in targets)
 
 
+def test_deployed_unit_is_valid_and_hardened(deployed: dict) -> None:
+    unit = next(iter(deployed["roots"].values())) / "etc" / "systemd" / "system" / "pathprobe.service"
+    verify = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60,
+                            check=False)  # fmt: skip
+    # The commands it names are in the host's root filesystem, not on this machine.
+    problems = [line for line in verify.stderr.splitlines() if line.strip() and "is not executable" not in line]
+    assert problems == [], verify.stderr
+    # Exposure on systemd's 0-10 scale ("1.3 OK"); --threshold takes tenths.
+    security = subprocess.run(["systemd-analyze", "security", "--offline=true", "--threshold=15", str(unit)],
+                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert security.returncode == 0, security.stdout[-3000:] + security.stderr
+
+
 def test_deployed_exporters_probe_each_other(deployed: dict) -> None:
     work, roots = deployed["work"], deployed["roots"]
     assert deployed["second"].returncode == 0
