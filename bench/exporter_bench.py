@@ -19,9 +19,10 @@ from pathlib import Path
 
 import yaml
 
+from pathprobe.collector import registry
 from pathprobe.config import Config
-from pathprobe.metrics import Metrics, peer_labels, test_keys
-from pathprobe.results import ThroughputResult
+from pathprobe.exporter import Exporter
+from pathprobe.probes import ThroughputResult
 from pathprobe.web import serve
 
 PATHPROBE = [sys.executable, "-m", "pathprobe"]
@@ -49,25 +50,25 @@ def mesh(n: int, **probes: object) -> dict:
 def scrape_latency(peers: int = 500, scrapes: int = 300) -> dict[str, float]:
     """Fill the registry as 500 peers' probes would, then time scrapes over HTTP."""
     cfg = Config.model_validate(mesh(peers, throughput={"protocols": ["tcp", "udp"], "streams": [1, 8]}))
-    m = Metrics()
-    m.describe_mesh(cfg, "bench", 600.0, peers + 1)
+    exporter = Exporter(cfg)
+    store = exporter.store
     rnd = random.Random(1)
     for peer in cfg.peers:
         for proto in ("tcp", "udp"):
-            h = m.rtt.labels(*peer_labels(peer), proto)
             for _ in range(200):
-                h.observe(rnd.uniform(0.001, 0.2))
-        for protocol, streams, direction in test_keys(cfg.throughput_for(peer)):
+                store.observe_rtt(peer.name, proto, rnd.uniform(0.001, 0.2))
+        for key in cfg.throughput_for(peer).tests():
+            protocol, streams, direction = key
             r = ThroughputResult(protocol, int(streams), direction, 5, 1, None, None, 6e8, 6e8, 3 * 10**9,
                                  retransmits=3, timestamp=time.time())  # fmt: skip
-            m.record_throughput(peer, r, r.bytes_transferred)
-    server = serve(cfg.web, m.registry)
+            store.record_throughput((peer.name, *key), r)
+    server = serve(cfg.web, registry(exporter.collector))
     url = "http://127.0.0.1:19469/metrics"
     times, body = [], b""
     try:
         for _ in range(scrapes):
             # Probes keep writing while Prometheus scrapes.
-            m.rtt.labels(*peer_labels(cfg.peers[0]), "tcp").observe(0.01)
+            store.observe_rtt(cfg.peers[0].name, "tcp", 0.01)
             start = time.perf_counter()
             # As Prometheus asks: gzip accepted.
             request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})

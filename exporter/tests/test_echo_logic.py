@@ -5,16 +5,24 @@ import time
 import pytest
 
 from pathprobe.allow import AllowList
-from pathprobe.echo import HEADER, MAGIC, REFUSAL, REFUSED, EchoClient, EchoResponder, packet
-from pathprobe.results import ReportSink, RttReport
+from pathprobe.config import LossSettings
+from pathprobe.probes import EchoProber, Target
+from pathprobe.probes.report import ReportSink, RttReport
+from pathprobe.responders.echo import EchoResponder
+from pathprobe.wire import ECHO_HEADER as HEADER
+from pathprobe.wire import ECHO_MAGIC as MAGIC
+from pathprobe.wire import ECHO_REFUSAL as REFUSAL
+from pathprobe.wire import ECHO_REFUSED as REFUSED
+from pathprobe.wire import echo_packet as packet
 
 
-def client(timeout: float = 1.0) -> tuple[EchoClient, RttReport]:
+def client(timeout: float = 1.0) -> tuple[EchoProber, RttReport]:
     report = RttReport("udp", 0.01, 64)
-    return EchoClient("198.18.1.2", 9470, 100, 64, timeout, ReportSink(report)), report
+    settings = LossSettings(rate_pps=100, size_bytes=64, timeout_seconds=timeout)
+    return EchoProber(Target("198.18.1.2", 9470), settings, ReportSink(report)), report
 
 
-def send(c: EchoClient, seq: int, at: float) -> None:
+def send(c: EchoProber, seq: int, at: float) -> None:
     c._outstanding[seq] = at
     c.sink.sent(64)
 
@@ -79,7 +87,7 @@ def test_responder_allows_refuses_and_rate_limits() -> None:
     counts: list[str] = []
     resp = EchoResponder(AllowList(["198.18.1.0/24"]), max_pps_per_source=5, count=counts.append)
     t = FakeTransport()
-    resp.connection_made(t)  # type: ignore[arg-type]
+    resp.sendto = t.sendto  # type: ignore[method-assign]
     for seq in range(8):
         resp.datagram_received(packet(seq, 64, 0), ("198.18.1.2", 4000))
     resp.datagram_received(packet(0, 64, 0), ("198.19.9.9", 4000))
@@ -111,7 +119,7 @@ def test_rtt_leaves_out_the_responders_hold_time() -> None:
 def test_responder_fills_in_its_hold_time_and_keeps_the_rest() -> None:
     resp = EchoResponder(AllowList(["198.18.1.0/24"]), max_pps_per_source=5, count=lambda _: None)
     t = FakeTransport()
-    resp.connection_made(t)  # type: ignore[arg-type]
+    resp.sendto = t.sendto  # type: ignore[method-assign]
     request = packet(3, 64, 123, hold_ns=0)
     resp.datagram_received(request, ("198.18.1.2", 4000), arrived_ns=time.time_ns() - 1_000_000)
     reply = t.sent[0][0]

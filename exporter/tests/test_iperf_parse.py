@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from pathprobe.iperf import ThroughputTest, classify_error, parse
-from pathprobe.results import ProbeFailure
+from pathprobe.probes import ProbeFailure
+from pathprobe.probes.throughput import ThroughputTest, classify_error, parse
 
 FIXTURES = Path(__file__).parent / "fixtures" / "iperf3"
 

@@ -6,14 +6,18 @@ import socket
 import pytest
 
 from pathprobe.allow import AllowList
-from pathprobe.echo import EchoClient, EchoResponder
-from pathprobe.results import ReportSink, RttReport
-from pathprobe.rr import MAX_BUFFERED, READ_SIZE, Connection, RrClient, RrResponder
+from pathprobe.config import LossSettings, RttSettings
+from pathprobe.probes import EchoProber, RttProber, Target
+from pathprobe.probes.report import ReportSink, RttReport
+from pathprobe.responders.echo import EchoResponder
+from pathprobe.responders.rr import RrResponder
+from pathprobe.wire import MAX_BUFFERED, READ_SIZE, Connection
 
 
 async def probe(port: int, count: int) -> RttReport:
     report = RttReport("tcp", 0.001, 1)
-    await RrClient("127.0.0.1", port, 0.001, 1, 2.0, ReportSink(report)).run(count=count)
+    settings = RttSettings(interval_seconds=0.001, size_bytes=1, timeout_seconds=2.0)
+    await RttProber(Target("127.0.0.1", port), settings, ReportSink(report)).run(count=count)
     return report
 
 
@@ -96,11 +100,13 @@ def test_both_probes_work_over_ipv4_and_ipv6(address: str) -> None:
     async def scenario() -> tuple[RttReport, RttReport]:
         allow = AllowList(["127.0.0.0/8", "::1/128"])
         rr = await RrResponder(allow, 4, lambda _: None).start(address, 0)
-        echo = await EchoResponder(allow, 1000, lambda _: None).start(address, 0)
+        echo = EchoResponder(allow, 1000, lambda _: None)
+        await echo.start(address, 0)
         tcp, udp = RttReport("tcp", 0.001, 1), RttReport("udp", 0.005, 64)
-        await RrClient(address, rr.listener.getsockname()[1], 0.001, 1, 2.0, ReportSink(tcp)).run(count=10)
-        port = echo.sock.getsockname()[1]  # type: ignore[attr-defined]
-        await EchoClient(address, port, 200, 64, 1.0, ReportSink(udp)).run(count=10)
+        rtt = RttSettings(interval_seconds=0.001, size_bytes=1, timeout_seconds=2.0)
+        await RttProber(Target(address, rr.listener.getsockname()[1]), rtt, ReportSink(tcp)).run(count=10)
+        loss = LossSettings(rate_pps=200, size_bytes=64, timeout_seconds=1.0)
+        await EchoProber(Target(address, echo.sockname()[1]), loss, ReportSink(udp)).run(count=10)
         rr.close()
         echo.close()
         return tcp, udp

@@ -13,13 +13,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from . import iperf
 from .capacity import Review, Row, text_report
-from .config import PathClass, Peer
+from .config import PathClass, Peer, RttSettings
 from .limits import expected, host_buffer_max, window_share
+from .probes import ProbeFailure, RttProber, Target, ThroughputProber, ThroughputTest
+from .probes.report import ReportSink, RttReport, Summary
 from .report import html_report
-from .results import ProbeFailure, ReportSink, RttReport, Summary
-from .rr import RrClient
 from .units import parse_quantity
 
 EXIT_REFUSED = 2
@@ -127,7 +126,8 @@ def _expected(args: argparse.Namespace, peer: Peer, streams: int, review: Review
 def measure_rtt(target: str, port: int, review: Review) -> float | None:
     """RTT p50 over 20 back-to-back request/response exchanges (None, with a note, if refused)."""
     report = RttReport("tcp", 0.01, 1)
-    asyncio.run(RrClient(target, port, 0.01, 1, 2.0, ReportSink(report)).run(count=20))
+    settings = RttSettings(interval_seconds=0.01, size_bytes=1, timeout_seconds=2.0)
+    asyncio.run(RttProber(Target(target, port), settings, ReportSink(report)).run(count=20))
     s = Summary.of(report.rtts)
     if s is None:
         review.notes.append(
@@ -141,11 +141,11 @@ def measure_rtt(target: str, port: int, review: Review) -> float | None:
 async def sweep(args: argparse.Namespace, streams: list[int], bitrate: float) -> list[Row]:
     rows = []
     for n in streams:
-        test = iperf.ThroughputTest(args.target, args.port, args.protocol, n, "receive" if args.reverse else "send",
+        test = ThroughputTest(args.target, args.port, args.protocol, n, "receive" if args.reverse else "send",
                                     args.duration, args.omit, udp_bitrate=bitrate)  # fmt: skip
         for attempt in range(BUSY_RETRIES):
             try:
-                r = await iperf.run(test)
+                r = await ThroughputProber().run(test)
                 rows.append(Row(n, r.receiver_bytes_per_second * 8, r.retransmits, r.udp_loss_ratio))
                 break
             except ProbeFailure as exc:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import ipaddress
 import json
 import logging
@@ -17,14 +16,12 @@ from pathlib import Path
 
 import yaml
 
-from . import __version__, alerts, capacity_cli, config, iperf, lab_cli
+from . import __version__, alerts, capacity_cli, config, lab_cli, responders, wire
 from .allow import AllowList
-from .echo import HEADER, EchoClient
+from .collector import registry
 from .exporter import Exporter
-from .metrics import Metrics
-from .responders import iperf3_server_command, start_rr_and_echo, supervise_iperf3
-from .results import ProbeFailure, ReportSink, RttReport, Summary, ThroughputResult
-from .rr import RrClient
+from .probes import EchoProber, ProbeFailure, RttProber, Target, ThroughputProber, ThroughputResult, ThroughputTest
+from .probes.report import ReportSink, RttReport, Summary
 from .units import format_bits, format_seconds, parse_quantity
 from .web import serve
 from .yamlfile import ConfigError
@@ -105,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--port", type=int, default=9470)
     lo.add_argument("--count", "-c", type=int, default=100)
     lo.add_argument("--rate", type=float, default=50, help="packets per second")
-    lo.add_argument("--size", type=_echo_size, default=64, help=f"bytes per packet, {HEADER.size} to 1400")
+    lo.add_argument("--size", type=_echo_size, default=64, help=f"bytes per packet, {wire.ECHO_HEADER.size} to 1400")
     lo.add_argument("--timeout", type=float, default=2.0, help="seconds before a packet counts as lost")
     lo.add_argument("--json", action="store_true")
     lo.set_defaults(func=cmd_probe_loss)
@@ -144,8 +141,8 @@ def _network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
 
 def _echo_size(text: str) -> int:
     size = int(text)
-    if not HEADER.size <= size <= 1400:
-        raise argparse.ArgumentTypeError(f"{size} is outside {HEADER.size}..1400 bytes")
+    if not wire.ECHO_HEADER.size <= size <= 1400:
+        raise argparse.ArgumentTypeError(f"{size} is outside {wire.ECHO_HEADER.size}..1400 bytes")
     return size
 
 
@@ -179,22 +176,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         stop = asyncio.Event()
         await _until_signalled(stop)
         counts: Counter[tuple[str, str]] = Counter()
-        running = await start_rr_and_echo(settings, allow, lambda r, res: counts.update([(r, res)]))
-        server = asyncio.create_task(
-            supervise_iperf3(
-                iperf3_server_command(iperf_settings, str(args.listen)), up=lambda ok: None, restarted=lambda: None
-            )
-        )
+        running = await responders.start(settings, iperf_settings, allow, lambda r, res: counts.update([(r, res)]))
         print(
             f"pathprobe serve: iperf3 :{args.iperf3_port}, tcp rr :{args.rr_port}, udp echo :{args.echo_port}; "
             f"answering {allow}",
             flush=True,
         )
         await stop.wait()
-        server.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await server
-        running.close()
+        await running.close()
         print(
             "requests by outcome: " + (", ".join(f"{r} {res}={n}" for (r, res), n in sorted(counts.items())) or "none")
         )
@@ -211,7 +200,7 @@ def _fail(probe: str, target: str, exc: ProbeFailure) -> int:
 
 def cmd_probe_throughput(args: argparse.Namespace) -> int:
     window = _quantity(args.window, "--window")
-    test = iperf.ThroughputTest(
+    test = ThroughputTest(
         address=args.target, port=args.port, protocol=args.protocol, streams=args.streams,
         direction="receive" if args.reverse else "send", duration_seconds=args.duration,
         omit_seconds=args.omit, congestion=args.congestion,
@@ -219,7 +208,7 @@ def cmd_probe_throughput(args: argparse.Namespace) -> int:
         window_bytes=int(window) if window else None,
     )  # fmt: skip
     try:
-        result = asyncio.run(iperf.run(test, args.iperf3))
+        result = asyncio.run(ThroughputProber(args.iperf3).run(test))
     except ProbeFailure as exc:
         return _fail("throughput", args.target, exc)
     if args.json:
@@ -264,19 +253,16 @@ def _finish_rtt(args: argparse.Namespace, probe: str, report: RttReport) -> int:
 
 def cmd_probe_rtt(args: argparse.Namespace) -> int:
     report = RttReport("tcp", args.interval, args.size)
-    client = RrClient(args.target, args.port, args.interval, args.size, args.timeout, ReportSink(report))
+    settings = config.RttSettings(interval_seconds=args.interval, size_bytes=args.size, timeout_seconds=args.timeout)
+    client = RttProber(Target(args.target, args.port), settings, ReportSink(report))
     asyncio.run(client.run(count=args.count))
     return _finish_rtt(args, "rtt", report)
 
 
 def cmd_probe_loss(args: argparse.Namespace) -> int:
     report = RttReport("udp", 1 / args.rate, args.size)
-    client = EchoClient(args.target, args.port, args.rate, args.size, args.timeout, ReportSink(report))
-    try:
-        asyncio.run(client.run(count=args.count))
-    except OSError as exc:
-        print(f"pathprobe: loss probe to {args.target} failed: {exc}", file=sys.stderr)
-        return EXIT_PROBE_FAILED
+    settings = config.LossSettings(rate_pps=args.rate, size_bytes=args.size, timeout_seconds=args.timeout)
+    asyncio.run(EchoProber(Target(args.target, args.port), settings, ReportSink(report)).run(count=args.count))
     return _finish_rtt(args, "loss", report)
 
 
@@ -313,17 +299,20 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = config.load(args.config)
-    metrics = Metrics()
-    server = serve(cfg.web, metrics.registry)
+    exporter = Exporter(cfg)
+    server = serve(cfg.web, registry(exporter.collector))
     log.info("pathprobe %s for %s: metrics on %s", __version__, cfg.host.name, cfg.web.listen)
 
     async def run() -> None:
         stop = asyncio.Event()
         await _until_signalled(stop)
-        await Exporter(cfg, metrics).run(stop)
+        await exporter.run(stop)
 
     try:
         asyncio.run(run())
+    except responders.ResponderError as exc:
+        print(f"pathprobe: {exc}", file=sys.stderr)
+        return EXIT_PROBE_FAILED
     finally:
         server.shutdown()
     return 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, IPvAnyAddress, IPvAnyNetwork, model_validator
 
@@ -30,6 +30,11 @@ Congestion = Literal["cubic", "bbr", "reno"]
 
 BitsPerSecond = Annotated[float, BeforeValidator(lambda v: parse_quantity(v, "rate")), Field(gt=0)]
 Bytes = Annotated[int, BeforeValidator(lambda v: int(parse_quantity(v, "size"))), Field(ge=0)]
+
+
+def default(model: type[BaseModel], name: str) -> Any:
+    """A field's default value: the one source that the CLI, the lab and the docs take it from."""
+    return model.model_fields[name].default
 
 
 class Strict(BaseModel):
@@ -55,6 +60,10 @@ class ThroughputSettings(Strict):
     udp_bitrate: BitsPerSecond = 100e6
     # Socket buffer (iperf3 -w); None leaves the kernel's autotuning alone.
     window_bytes: Bytes | None = None
+
+    def tests(self) -> list[tuple[str, str, str]]:
+        """(protocol, streams, direction) of every test these settings ask for, in run order."""
+        return [(p, str(s), d) for p in self.protocols for s in self.streams for d in self.directions]
 
 
 class ThroughputOverrides(Strict):
@@ -235,8 +244,7 @@ class Config(Strict):
             t = self.throughput_for(peer)
             if not t.enabled:
                 continue
-            tests = len(t.protocols) * len(t.streams) * len(t.directions)
-            worst = max(worst, tests * (t.omit_seconds + t.duration_seconds + sched.timeout_margin_seconds))
+            worst = max(worst, len(t.tests()) * (t.omit_seconds + t.duration_seconds + sched.timeout_margin_seconds))
         return worst + sched.jitter_seconds if worst else 0.0
 
 

@@ -1,59 +1,11 @@
-"""Probe outcomes shared by the probes, the exporter and the command line."""
+"""What a one-shot RTT or UDP echo probe measured (`pathprobe probe rtt|loss`)."""
 
 from __future__ import annotations
 
-import errno
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-# The `result` label of pathprobe_probe_runs_total; order is the documented one.
-REASONS = ("ok", "busy", "timeout", "refused", "unreachable", "not_allowed", "error")
-Reason = Literal["busy", "timeout", "refused", "unreachable", "not_allowed", "error"]
-
-
-class ProbeFailure(Exception):
-    """A probe that did not give a result, with the reason used as a metric label."""
-
-    def __init__(self, reason: Reason, detail: str):
-        super().__init__(f"{reason}: {detail}")
-        self.reason: Reason = reason
-        self.detail = detail
-
-
-def reason_of_oserror(exc: OSError) -> Reason:
-    if isinstance(exc, ConnectionRefusedError):
-        return "refused"
-    if isinstance(exc, TimeoutError):
-        return "timeout"
-    if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EADDRNOTAVAIL):
-        return "unreachable"
-    return "error"
-
-
-@dataclass
-class ThroughputResult:
-    # Settings the result was measured with: two numbers are never compared blind.
-    protocol: str
-    streams: int
-    direction: str
-    duration_seconds: float
-    omit_seconds: float
-    congestion: str | None
-    target_bits_per_second: float | None
-    # Measurements.
-    receiver_bytes_per_second: float
-    sender_bytes_per_second: float
-    bytes_transferred: int
-    retransmits: int | None = None
-    udp_packets: int | None = None
-    udp_lost: int | None = None
-    udp_loss_ratio: float | None = None
-    jitter_seconds: float | None = None
-    timestamp: float = 0.0
-    iperf3_version: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+from .base import Reason
 
 
 @dataclass
@@ -88,7 +40,7 @@ class Summary:
 
 @dataclass
 class RttReport:
-    """What a one-shot RTT or UDP echo probe measured."""
+    """Outcomes of a one-shot run (filled by ReportSink)."""
 
     protocol: str
     interval_seconds: float
@@ -123,7 +75,7 @@ class RttReport:
 
 
 class ReportSink:
-    """Collects one-shot probe outcomes into an RttReport (the exporter feeds metrics instead)."""
+    """The sink (RttSink and EchoSink) of a one-shot run: collects outcomes into an RttReport."""
 
     def __init__(self, report: RttReport):
         self.r = report
@@ -154,7 +106,7 @@ class ReportSink:
     def jitter(self, seconds: float) -> None:
         self.r.jitter_seconds = seconds
 
-    def failure(self, reason: str) -> None:
+    def failure(self, reason: Reason) -> None:
         self.r.failures[reason] = self.r.failures.get(reason, 0) + 1
         if self.r.protocol == "tcp":
             self.r.sent += 1

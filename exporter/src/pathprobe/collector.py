@@ -1,0 +1,342 @@
+"""/metrics: a custom collector that builds every pathprobe metric from the store at
+scrape time (client_python's custom-collector pattern). Nothing is registered ahead or
+removed by hand: a series exists while the store or the config says so. README.md
+documents each metric; the rules and dashboards depend on these names."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
+
+from . import __version__
+from .budget import Budget
+from .config import Config, Peer, ThroughputSettings
+from .probes import REASONS
+from .schedule import Schedule
+from .store import RTT_BUCKETS, UDP_COUNTS, Store
+
+PEER = ["peer", "peer_region", "path_class"]
+TEST = [*PEER, "protocol", "streams", "direction"]
+PROBES = ("throughput", "rtt", "loss")
+CACHED = "Results are cached from the last completed test; see the matching _timestamp_seconds."
+_LE = [floatToGoString(b) for b in RTT_BUCKETS] + ["+Inf"]  # type: ignore[no-untyped-call]
+
+
+def peer_labels(peer: Peer) -> list[str]:
+    return [peer.name, peer.region, peer.path_class.value]
+
+
+def settings_labels(t: ThroughputSettings, protocol: str) -> list[str]:
+    return [
+        f"{t.duration_seconds:g}",
+        f"{t.omit_seconds:g}",
+        (t.congestion or "default") if protocol == "tcp" else "",
+        f"{t.udp_bitrate:.0f}" if protocol == "udp" else "",
+        str(t.window_bytes or ""),
+    ]
+
+
+def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels)
+
+
+def _counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, labels=labels)
+
+
+class Collector:
+    """Builds the metric families of one exporter from its config, schedule, budget and store."""
+
+    def __init__(self, cfg: Config, schedule: Schedule, budget: Budget, store: Store):
+        self.cfg, self.schedule, self.budget, self.store = cfg, schedule, budget, store
+        self.peers = {p.name: p for p in cfg.peers}
+
+    def describe(self) -> list[Metric]:
+        return []  # nothing to check at registration: names are fixed here
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._info()
+        yield from self._throughput()
+        yield from self._rtt()
+        yield from self._udp()
+        yield from self._probe_outcomes()
+        yield from self._host()
+
+    # --- static: from the config
+    def _info(self) -> Iterator[Metric]:
+        build = InfoMetricFamily("pathprobe_build", "Version of the pathprobe exporter.")
+        build.add_metric([], {"version": __version__})
+        yield build
+        info = _gauge(
+            "pathprobe_peer_info", "A configured peer (value 1).", ["peer", "peer_region", "peer_zone", "path_class",
+                                                                     "address"]
+        )  # fmt: skip
+        ceiling = _gauge(
+            "pathprobe_rtt_ceiling_seconds",
+            "Configured RTT ceiling of a path (peers[].rtt_ceiling_seconds), for alerting.",
+            PEER,
+        )
+        rtt_settings = _gauge(
+            "pathprobe_rtt_settings_info",
+            "Settings of the RTT probes (value 1): interval between requests, size, timeout.",
+            [*PEER, "protocol", "interval_seconds", "size_bytes", "timeout_seconds"],
+        )
+        tput_settings = _gauge(
+            "pathprobe_throughput_settings_info",
+            "Settings of the throughput tests behind each result (value 1).",
+            [*TEST, "duration_seconds", "omit_seconds", "congestion", "target_bits_per_second", "window_bytes"],
+        )
+        rtt, loss = self.cfg.probes.rtt, self.cfg.probes.loss
+        for peer in self.cfg.peers:
+            labels = peer_labels(peer)
+            info.add_metric([peer.name, peer.region, peer.zone, peer.path_class.value, str(peer.address)], 1)
+            if peer.rtt_ceiling_seconds:
+                ceiling.add_metric(labels, peer.rtt_ceiling_seconds)
+            if rtt.enabled:
+                rtt_settings.add_metric(
+                    [*labels, "tcp", f"{rtt.interval_seconds:g}", str(rtt.size_bytes), f"{rtt.timeout_seconds:g}"], 1
+                )
+            if loss.enabled:
+                rtt_settings.add_metric(
+                    [*labels, "udp", f"{1 / loss.rate_pps:g}", str(loss.size_bytes), f"{loss.timeout_seconds:g}"], 1
+                )
+            tput = self.cfg.throughput_for(peer)
+            if tput.enabled:
+                for key in tput.tests():
+                    tput_settings.add_metric([*labels, *key, *settings_labels(tput, key[0])], 1)
+        yield from (info, ceiling, rtt_settings, tput_settings)
+
+    # --- throughput: the last result of every test, and what it should reach
+    def _throughput(self) -> Iterator[Metric]:
+        rate = _gauge(
+            "pathprobe_throughput_bytes_per_second",
+            "Receiver-side throughput (payload, after headers) of the last completed iperf3 test. " + CACHED,
+            TEST,
+        )
+        sender = _gauge(
+            "pathprobe_throughput_sender_bytes_per_second",
+            "Sender-side throughput of the last completed iperf3 test. " + CACHED,
+            TEST,
+        )
+        retransmits = _gauge(
+            "pathprobe_throughput_retransmits",
+            "TCP retransmits during the last completed test (sender side). " + CACHED,
+            TEST,
+        )
+        udp_loss = _gauge(
+            "pathprobe_throughput_udp_loss_ratio",
+            "Share of UDP datagrams lost in the last UDP throughput test (0-1); measures the "
+            "receiver as much as the path at high rates. " + CACHED,
+            TEST,
+        )
+        jitter = _gauge(
+            "pathprobe_throughput_udp_jitter_seconds",
+            "Receiver-side jitter of the last UDP throughput test. " + CACHED,
+            TEST,
+        )
+        ended = _gauge(
+            "pathprobe_throughput_last_test_timestamp_seconds",
+            "Unix time at which the last completed throughput test ended.",
+            TEST,
+        )
+        expected = _gauge(
+            "pathprobe_throughput_expected_bytes_per_second",
+            "Throughput (payload, after headers, as measured) the path should reach: the smallest applicable "
+            "limit; `limit` names the one that binds.",
+            [*TEST, "limit"],
+        )
+        window = _gauge(
+            "pathprobe_throughput_receive_window_bound_bytes_per_second",
+            "Receive-window bound: the receiver's tcp_rmem max times the share TCP keeps in flight, over the RTT "
+            "(median of the last 256 samples), times streams.",
+            TEST,
+        )
+        for (name, *key), r in dict(self.store.throughput).items():
+            labels = [*peer_labels(self.peers[name]), *key]
+            rate.add_metric(labels, r.receiver_bytes_per_second)
+            sender.add_metric(labels, r.sender_bytes_per_second)
+            if r.retransmits is not None:
+                retransmits.add_metric(labels, r.retransmits)
+            if r.udp_loss_ratio is not None:
+                udp_loss.add_metric(labels, r.udp_loss_ratio)
+            if r.jitter_seconds is not None:
+                jitter.add_metric(labels, r.jitter_seconds)
+            ended.add_metric(labels, r.timestamp)
+        for (name, *key), e in dict(self.store.expected).items():
+            labels = [*peer_labels(self.peers[name]), *key]
+            expected.add_metric([*labels, e.limit], e.bits_per_second / 8)
+            if "receive_window" in e.candidates:
+                window.add_metric(labels, e.candidates["receive_window"] / 8)
+        skipped = _counter(
+            "pathprobe_throughput_skipped", "Scheduled throughput tests not run, by reason.", ["peer", "reason"]
+        )
+        for (peer, reason), n in dict(self.store.skipped).items():
+            skipped.add_metric([peer, reason], n)
+        yield from (rate, sender, retransmits, udp_loss, jitter, ended, expected, window, skipped)
+
+    # --- RTT histograms
+    def _rtt(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(
+            "pathprobe_rtt_seconds",
+            "Round-trip time of TCP request/response (protocol=tcp) and UDP echo (protocol=udp) probes.",
+            labels=[*PEER, "protocol"],
+        )
+        for (name, protocol), hist in dict(self.store.rtt).items():
+            counts = list(hist.counts)
+            buckets = list(zip(_LE, itertools.accumulate(counts), strict=True))
+            family.add_metric([*peer_labels(self.peers[name]), protocol], buckets, hist.total)
+        yield family
+
+    # --- UDP echo accounting
+    def _udp(self) -> Iterator[Metric]:
+        docs = {
+            "sent": "UDP echo packets sent.",
+            "received": "UDP echo packets answered in time.",
+            "lost": "UDP echo packets with no answer within the timeout.",
+            "duplicate": "Second and later echoes of one packet.",
+            "reordered": "Echoes that arrived after the echo of a later packet.",
+            "late": "Echoes that arrived after the packet was counted lost.",
+        }
+        families = {k: _counter(f"pathprobe_udp_packets_{k}", docs[k], PEER) for k in UDP_COUNTS}
+        jitter = _gauge(
+            "pathprobe_udp_jitter_seconds",
+            "Smoothed variation of successive UDP echo RTTs (RFC 3550 estimator, gain 1/16).",
+            PEER,
+        )
+        udp = dict(self.store.udp)
+        if self.cfg.probes.loss.enabled:
+            for peer in self.cfg.peers:
+                counts = dict(udp.get(peer.name, {}))
+                for k in UDP_COUNTS:  # every series from zero, so that increase() sees the first loss
+                    families[k].add_metric(peer_labels(peer), counts.get(k, 0))
+        for name, value in dict(self.store.udp_jitter).items():
+            jitter.add_metric(peer_labels(self.peers[name]), value)
+        yield from families.values()
+        yield jitter
+
+    # --- outcomes of every probe
+    def _probe_outcomes(self) -> Iterator[Metric]:
+        runs = _counter(
+            "pathprobe_probe_runs",
+            "Probe attempts by outcome: a throughput test, an RTT request/response, or a UDP echo packet.",
+            ["probe", "peer", "result"],
+        )
+        counted = dict(self.store.runs)
+        for peer in self.cfg.peers:
+            for probe in PROBES:  # every outcome from zero, so that increase() sees the first failure
+                for reason in REASONS:
+                    runs.add_metric([probe, peer.name, reason], counted.get((probe, peer.name, reason), 0))
+        last = _gauge(
+            "pathprobe_probe_last_success_timestamp_seconds", "Unix time of the last successful probe.",
+            ["probe", "peer"],
+        )  # fmt: skip
+        for (probe, peer_name), ts in dict(self.store.last_success).items():
+            last.add_metric([probe, peer_name], ts)
+        moved = _counter(
+            "pathprobe_probe_bytes_sent",
+            "Bytes moved by probes this host started (throughput: both directions, what inter-region transfer bills).",
+            ["probe", "peer"],
+        )
+        for (probe, peer_name), n in dict(self.store.bytes_sent).items():
+            moved.add_metric([probe, peer_name], n)
+        yield from (runs, last, moved)
+
+    # --- this host: budget, schedule, responders
+    def _host(self) -> Iterator[Metric]:
+        s, sched = self.store, self.schedule
+        yield _one(
+            GaugeMetricFamily,
+            "pathprobe_budget_remaining_bytes",
+            "Bytes throughput tests may still move in the current budget period.",
+            self.budget.remaining(),
+        )
+        yield _one(
+            GaugeMetricFamily,
+            "pathprobe_budget_limit_bytes",
+            "Bytes throughput tests may move per period.",
+            self.cfg.budget.daily_bytes,
+        )
+        yield _one(
+            GaugeMetricFamily,
+            "pathprobe_budget_period_end_timestamp_seconds",
+            "Unix time at which the current budget period ends.",
+            self.budget.period_end(),
+        )
+        info = _gauge(
+            "pathprobe_schedule_info",
+            "The mesh schedule this host derives (value 1); every host of a consistent mesh "
+            "shows the same fingerprint.",
+            ["fingerprint"],
+        )
+        info.add_metric([sched.fingerprint], 1)
+        yield info
+        yield _one(
+            GaugeMetricFamily, "pathprobe_schedule_members", "Hosts in the throughput schedule.", len(sched.members)
+        )
+        yield _one(
+            GaugeMetricFamily, "pathprobe_schedule_slot_seconds", "Length of one schedule slot.", sched.slot_seconds
+        )
+        yield _one(
+            GaugeMetricFamily,
+            "pathprobe_schedule_rotation_seconds",
+            "Time for every pair of hosts to meet once.",
+            sched.rotation_seconds,
+        )
+        yield _one(
+            CounterMetricFamily,
+            "pathprobe_schedule_turns",
+            "Client turns this host took in the schedule.",
+            s.schedule_turns,
+        )
+        errors = _counter(
+            "pathprobe_schedule_turn_errors",
+            "Throughput turns that ended on an unexpected error (logged), by exception type; the loop goes on.",
+            ["reason"],
+        )
+        for reason, n in dict(s.turn_errors).items():
+            errors.add_metric([reason], n)
+        yield errors
+        requests = _counter(
+            "pathprobe_responder_requests",
+            "Connections (rr) or datagrams (echo) that reached a responder, by outcome.",
+            ["responder", "result"],
+        )
+        for (responder, result), n in dict(s.responder_requests).items():
+            requests.add_metric([responder, result], n)
+        yield requests
+        yield _one(
+            GaugeMetricFamily,
+            "pathprobe_iperf3_server_up",
+            "1 while the supervised iperf3 server runs.",
+            1 if s.iperf3_server_up else 0,
+        )
+        yield _one(
+            CounterMetricFamily,
+            "pathprobe_iperf3_server_restarts",
+            "Times the supervised iperf3 server exited and was restarted.",
+            s.iperf3_server_restarts,
+        )
+
+
+def _one(kind: type[GaugeMetricFamily] | type[CounterMetricFamily], name: str, doc: str, value: float) -> Metric:
+    """A metric with one unlabelled sample."""
+    return kind(name, doc, value=value)
+
+
+def registry(collector: Collector) -> CollectorRegistry:
+    """The registry /metrics serves: pathprobe's collector and the client library's process metrics."""
+    r = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=r)
+    PlatformCollector(registry=r)
+    r.register(collector)
+    return r

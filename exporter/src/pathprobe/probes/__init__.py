@@ -1,0 +1,24 @@
+"""Probers, one module each: rtt (TCP request/response), echo (UDP echo: loss and RTT),
+throughput (iperf3). See base.py for the shape they share."""
+
+from .base import REASONS, ProbeFailure, Reason, Target, reason_of_oserror
+from .echo import EchoProber
+from .rtt import RttProber
+from .throughput import ThroughputProber, ThroughputResult, ThroughputTest
+
+# The continuous probers by the `probe` label they report under.
+CONTINUOUS = {"rtt": RttProber, "loss": EchoProber}
+
+__all__ = [
+    "CONTINUOUS",
+    "REASONS",
+    "EchoProber",
+    "ProbeFailure",
+    "Reason",
+    "RttProber",
+    "Target",
+    "ThroughputProber",
+    "ThroughputResult",
+    "ThroughputTest",
+    "reason_of_oserror",
+]

@@ -1,0 +1,83 @@
+"""What every prober shares: its target, the failure reasons, and the sinks it reports to.
+
+One shape for every prober (as blackbox_exporter's prober/ has one probe signature):
+a prober is built from its `Target` and its settings model. Continuous probers (rtt,
+echo) report every outcome to a sink and never raise: a failure is reported with its
+reason and the prober backs off and goes on. The scheduled prober (throughput) runs
+one test and returns its result or raises `ProbeFailure` with the reason.
+"""
+
+from __future__ import annotations
+
+import errno
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+# The `result` label of pathprobe_probe_runs_total; order is the documented one.
+REASONS = ("ok", "busy", "timeout", "refused", "unreachable", "not_allowed", "error")
+Reason = Literal["busy", "timeout", "refused", "unreachable", "not_allowed", "error"]
+
+# A failing peer is not probed faster than this.
+BACKOFF_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a prober sends: the peer's address and the port of its responder."""
+
+    address: str
+    port: int
+
+
+class ProbeFailure(Exception):
+    """A probe that did not give a result, with the reason used as a metric label."""
+
+    def __init__(self, reason: Reason, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason: Reason = reason
+        self.detail = detail
+
+
+def reason_of_oserror(exc: OSError) -> Reason:
+    if isinstance(exc, ConnectionRefusedError):
+        return "refused"
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EADDRNOTAVAIL):
+        return "unreachable"
+    return "error"
+
+
+class RttSink(Protocol):
+    """Outcomes of the TCP request/response prober."""
+
+    def rtt(self, seconds: float) -> None: ...
+    def failure(self, reason: Reason) -> None: ...
+
+
+class EchoSink(Protocol):
+    """Outcomes of the UDP echo prober, packet by packet."""
+
+    def sent(self, size: int) -> None: ...
+    def received(self, rtt: float) -> None: ...
+    def lost(self) -> None: ...
+    def duplicate(self) -> None: ...
+    def reordered(self) -> None: ...
+    def late(self) -> None: ...
+    def jitter(self, seconds: float) -> None: ...
+    def failure(self, reason: Reason) -> None: ...
+
+
+class RttTee:
+    """Hands every RTT outcome to several sinks (e.g. the store and an RTT window)."""
+
+    def __init__(self, *sinks: RttSink):
+        self.sinks = sinks
+
+    def rtt(self, seconds: float) -> None:
+        for s in self.sinks:
+            s.rtt(seconds)
+
+    def failure(self, reason: Reason) -> None:
+        for s in self.sinks:
+            s.failure(reason)

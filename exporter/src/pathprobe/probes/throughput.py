@@ -1,0 +1,245 @@
+"""Throughput prober: one iperf3 client test, its command line, and parsing of `-J`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import procs
+from ..config import Iperf3Settings, ThroughputSettings, default
+from .base import ProbeFailure, Reason
+
+# Substrings of iperf3's "error" field, first match wins.
+_ERROR_REASONS: tuple[tuple[str, Reason], ...] = (
+    ("busy", "busy"),
+    ("connection refused", "refused"),
+    ("no route to host", "unreachable"),
+    ("network is unreachable", "unreachable"),
+    ("host is unreachable", "unreachable"),
+    ("timed out", "timeout"),
+    ("timeout", "timeout"),
+    ("authentication failed", "not_allowed"),
+    ("authorization failed", "not_allowed"),
+)
+# iperf3 -J of a 60 s test with 128 streams is a few MB; a child printing more is broken.
+MAX_OUTPUT_BYTES = 32 * 2**20
+MAX_STDERR_BYTES = 64 * 2**10
+
+
+@dataclass(frozen=True)
+class ThroughputTest:
+    """One iperf3 client test: the target and the settings of this run."""
+
+    address: str
+    port: int = default(Iperf3Settings, "port")
+    protocol: str = "tcp"
+    streams: int = 1
+    direction: str = "send"  # send: this host -> peer; receive: peer -> this host (-R)
+    duration_seconds: float = default(ThroughputSettings, "duration_seconds")
+    omit_seconds: float = default(ThroughputSettings, "omit_seconds")
+    congestion: str | None = None
+    udp_bitrate: float = default(ThroughputSettings, "udp_bitrate")
+    window_bytes: int | None = None
+    connect_timeout_seconds: float = 3
+    # RSA authentication (client side).
+    username: str | None = None
+    password_file: Path | None = None
+    public_key_file: Path | None = None
+
+    def command(self, binary: str = "iperf3") -> list[str]:
+        cmd = [
+            binary, "-c", self.address, "-p", str(self.port), "-J",
+            "-t", f"{self.duration_seconds:g}", "-O", f"{self.omit_seconds:g}",
+            "-P", str(self.streams),
+            "--connect-timeout", str(int(self.connect_timeout_seconds * 1000)),
+        ]  # fmt: skip
+        if self.protocol == "udp":
+            # -b is per stream in iperf3; the configured rate is the total.
+            cmd += ["-u", "-b", f"{self.udp_bitrate / self.streams:.0f}"]
+        if self.direction == "receive":
+            cmd.append("-R")
+        if self.congestion and self.protocol == "tcp":
+            cmd += ["-C", self.congestion]
+        if self.window_bytes:
+            cmd += ["-w", str(self.window_bytes)]
+        if self.username and self.public_key_file:
+            cmd += ["--username", self.username, "--rsa-public-key-path", str(self.public_key_file)]
+        return cmd
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.password_file:
+            env["IPERF3_PASSWORD"] = self.password_file.read_text().strip()
+        return env
+
+    def max_seconds(self, margin_seconds: float) -> float:
+        """The longest a test may take before it is killed (connecting included in the margin)."""
+        return self.omit_seconds + self.duration_seconds + margin_seconds
+
+
+@dataclass
+class ThroughputResult:
+    # Settings the result was measured with: two numbers are never compared blind.
+    protocol: str
+    streams: int
+    direction: str
+    duration_seconds: float
+    omit_seconds: float
+    congestion: str | None
+    target_bits_per_second: float | None
+    # Measurements.
+    receiver_bytes_per_second: float
+    sender_bytes_per_second: float
+    bytes_transferred: int
+    retransmits: int | None = None
+    udp_packets: int | None = None
+    udp_lost: int | None = None
+    udp_loss_ratio: float | None = None
+    jitter_seconds: float | None = None
+    # Mean smoothed RTT of the TCP streams during the test (the sender's kernel), when reported.
+    rtt_seconds: float | None = None
+    timestamp: float = 0.0
+    iperf3_version: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def moved_bytes(self) -> int:
+        """Bytes the test put on the wire: iperf3 leaves the omitted seconds out of its count."""
+        return int(self.bytes_transferred * (self.duration_seconds + self.omit_seconds) / self.duration_seconds)
+
+
+def classify_error(message: str) -> Reason:
+    low = message.lower()
+    for needle, reason in _ERROR_REASONS:
+        if needle in low:
+            return reason
+    return "error"
+
+
+def parse(output: str | bytes, test: ThroughputTest, now: float | None = None) -> ThroughputResult:
+    """Parse iperf3 -J output; raise ProbeFailure for an error report or garbage."""
+    try:
+        doc = json.loads(output)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        snippet = (output[:80] if isinstance(output, str) else output[:80].decode(errors="replace")).strip()
+        raise ProbeFailure("error", f"iperf3 output is not JSON ({exc}): {snippet!r}") from exc
+    if not isinstance(doc, dict):
+        raise ProbeFailure("error", "iperf3 output is not a JSON object")
+    if doc.get("error"):
+        message = str(doc["error"])
+        raise ProbeFailure(classify_error(message), message)
+    try:
+        result = _result(doc, test, now)
+    except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
+        raise ProbeFailure("error", f"iperf3 JSON lacks an expected field or has a bad value: {exc!r}") from exc
+    rates = (result.receiver_bytes_per_second, result.sender_bytes_per_second)
+    if not all(math.isfinite(r) and r >= 0 for r in rates):
+        raise ProbeFailure("error", f"iperf3 reported an impossible rate: {rates}")
+    return result
+
+
+def _stream_rtt(end: dict[str, Any]) -> float | None:
+    rtts = [s["sender"].get("mean_rtt", 0) for s in end.get("streams", []) if "sender" in s]
+    rtts = [float(r) for r in rtts if r and float(r) > 0]
+    return sum(rtts) / len(rtts) / 1e6 if rtts else None  # iperf3 reports microseconds
+
+
+def _result(doc: dict[str, Any], test: ThroughputTest, now: float | None) -> ThroughputResult:
+    end = doc["end"]
+    start = doc.get("start", {})
+    sent = end["sum_sent"]
+    common: dict[str, Any] = {
+        "protocol": test.protocol,
+        "streams": test.streams,
+        "direction": test.direction,
+        "duration_seconds": test.duration_seconds,
+        "omit_seconds": test.omit_seconds,
+        "congestion": test.congestion,
+        "target_bits_per_second": test.udp_bitrate if test.protocol == "udp" else None,
+        "sender_bytes_per_second": float(sent["bits_per_second"]) / 8,
+        "bytes_transferred": int(sent["bytes"]),
+        "timestamp": now if now is not None else time.time(),
+        "iperf3_version": str(start.get("version", "")),
+    }
+    if test.protocol == "udp":
+        # iperf3 >= 3.7 has the receiver's view in sum_received; older ones only in sum.
+        recv = end["sum_received"] if "lost_packets" in end.get("sum_received", {}) else end["sum"]
+        packets = int(recv["packets"])
+        lost = int(recv["lost_packets"])
+        return ThroughputResult(
+            **common,
+            receiver_bytes_per_second=float(recv["bits_per_second"]) / 8,
+            udp_packets=packets,
+            udp_lost=lost,
+            udp_loss_ratio=lost / packets if packets else 0.0,
+            jitter_seconds=float(recv.get("jitter_ms", 0.0)) / 1000,
+        )
+    return ThroughputResult(
+        **common,
+        receiver_bytes_per_second=float(end["sum_received"]["bits_per_second"]) / 8,
+        retransmits=int(sent["retransmits"]) if "retransmits" in sent else None,
+        rtt_seconds=_stream_rtt(end),
+    )
+
+
+async def _read_bounded(stream: asyncio.StreamReader | None, limit: int, what: str) -> bytes:
+    """All of a pipe, or ProbeFailure once it passes `limit` bytes (the pipe is never left unread)."""
+    assert stream is not None
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await stream.read(65536):
+        size += len(chunk)
+        if size > limit:
+            raise ProbeFailure("error", f"iperf3 printed more than {limit} bytes on {what}")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class ThroughputProber:
+    """Runs iperf3 tests as a client; `binary` is the iperf3 to run."""
+
+    def __init__(self, binary: str = "iperf3", margin_seconds: float = 5):
+        self.binary, self.margin = binary, margin_seconds
+
+    async def run(self, test: ThroughputTest) -> ThroughputResult:
+        """Run one test; its whole process group is killed on timeout or cancellation."""
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *test.command(self.binary),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                stdin=asyncio.subprocess.DEVNULL,
+                env=test.env(),
+                start_new_session=True,
+                preexec_fn=procs.die_with_parent,
+            )
+        except OSError as exc:  # missing, not executable, or not a program
+            raise ProbeFailure("error", f"cannot run iperf3 {self.binary!r}: {exc.strerror or exc}") from exc
+        limit = test.max_seconds(self.margin)
+        reads = asyncio.gather(
+            _read_bounded(proc.stdout, MAX_OUTPUT_BYTES, "stdout"),
+            _read_bounded(proc.stderr, MAX_STDERR_BYTES, "stderr"),
+        )
+        try:
+            async with asyncio.timeout(limit):
+                out, err = await reads
+                await proc.wait()
+        except BaseException as exc:
+            reads.cancel()
+            procs.kill_group(proc.pid)
+            await proc.wait()
+            if isinstance(exc, TimeoutError):
+                raise ProbeFailure("timeout", f"iperf3 did not finish within {limit:g} s") from exc
+            raise
+        if not out.strip():
+            raise ProbeFailure(
+                "error", f"iperf3 exited {proc.returncode} with no output: {err.decode(errors='replace')[:200]}"
+            )
+        return parse(out, test)

@@ -1,0 +1,76 @@
+"""Child processes: THE place that starts, signals and reaps process groups.
+
+Every child runs in its own session (so that a signal reaches its whole group) and
+gets PR_SET_PDEATHSIG: when the process that started it dies, even by SIGKILL, the
+kernel sends it SIGKILL, so no child outlives pathprobe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import time
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def die_with_parent() -> None:
+    """preexec_fn for children: SIGKILL when the parent goes (Linux)."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal the process group led by `pid`; a group already gone is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def terminate(pid: int, grace: float = 3.0, group: bool = False) -> None:
+    """SIGTERM `pid` (or its group), SIGKILL after `grace` seconds; returns once it is gone.
+    For processes that are not an asyncio child of this one (e.g. recorded by pid)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig) if group else os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    return
+            if not alive(pid):
+                return
+            time.sleep(0.05)
+
+
+async def stop_group(proc: asyncio.subprocess.Process, grace: float = 2.0) -> None:
+    """SIGTERM the asyncio child's process group, SIGKILL it after `grace` seconds, reap it."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        kill_group(proc.pid, sig)
+        try:
+            async with asyncio.timeout(grace):
+                await proc.wait()
+            return
+        except TimeoutError:
+            continue

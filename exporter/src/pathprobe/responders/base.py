@@ -1,0 +1,17 @@
+"""What the responders share: how they count requests and how they fail to start."""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable
+
+Count = Callable[[str, str], None]  # (responder, result): accepted, not_allowed, rate_limited, malformed
+
+
+class ResponderError(Exception):
+    """A responder that cannot start (e.g. its port is taken)."""
+
+
+def listen_error(what: str, host: str, port: int, exc: OSError) -> ResponderError:
+    hint = " (another pathprobe, or another program, holds it)" if exc.errno == errno.EADDRINUSE else ""
+    return ResponderError(f"{what}: cannot listen on {host}:{port}: {exc.strerror or exc}{hint}")

@@ -1,0 +1,115 @@
+"""UDP echo responder: echoes probe datagrams (wire.py) from allowed sources, at a capped
+rate per source, from the address each request was sent to."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import Callable
+
+from .. import stamps, wire
+from ..allow import AllowList
+from .base import listen_error
+
+# Room for bursts from many peers in the one kernel queue (capped by net.core.rmem_max).
+RECEIVE_BUFFER_BYTES = 4 * 2**20
+
+
+class EchoResponder:
+    def __init__(self, allow: AllowList, max_pps_per_source: float, count: Callable[[str], None]):
+        self.allow = allow
+        self.max_pps = max_pps_per_source
+        self.count = count
+        self._buckets: dict[str, tuple[float, float]] = {}  # source -> (tokens, last refill)
+        self._sock: socket.socket | None = None
+        self._pktinfo: list[tuple[int, int, bytes]] = []
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int], arrived_ns: int | None = None) -> None:
+        if data[:4] != wire.ECHO_MAGIC or len(data) < wire.ECHO_HEADER.size:
+            self.count("malformed")
+            return
+        source = addr[0]
+        if not self.allow.allows(source):
+            self.count("not_allowed")
+            seq = wire.ECHO_HEADER.unpack_from(data)[1]
+            self.sendto(wire.ECHO_REFUSAL.pack(wire.ECHO_REFUSED, seq), addr)
+            return
+        if not self._take_token(source):
+            self.count("rate_limited")
+            return
+        self.count("accepted")
+        # Taken last, so that the hold covers everything but the send itself.
+        hold = max(0, time.time_ns() - (arrived_ns or time.time_ns()))
+        offset = wire.ECHO_HOLD_OFFSET
+        self.sendto(data[:offset] + wire.HOLD.pack(hold) + data[offset + wire.HOLD.size :], addr)
+
+    def sendto(self, data: bytes, addr: tuple[str, int]) -> None:
+        """Reply from the address the request was sent to (IP_PKTINFO): a host with several
+        addresses (or a responder bound to 0.0.0.0) would otherwise answer from another one,
+        and the prober's connected socket would drop the answer."""
+        if self._sock is None:
+            return
+        with contextlib.suppress(OSError):  # a full buffer or a vanished route: the prober counts the loss
+            self._sock.sendmsg([data], self._pktinfo, 0, addr)
+
+    def _take_token(self, source: str) -> bool:
+        now = time.monotonic()
+        tokens, last = self._buckets.get(source, (self.max_pps, now))
+        tokens = min(self.max_pps, tokens + (now - last) * self.max_pps)
+        if len(self._buckets) > 10000:  # bounded memory under a spray of sources
+            self._buckets.clear()
+        if tokens < 1:
+            self._buckets[source] = (tokens, now)
+            return False
+        self._buckets[source] = (tokens - 1, now)
+        return True
+
+    async def start(self, host: str, port: int) -> None:
+        family = wire.socket_family(host)
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        # No SO_REUSEADDR: with it any local process could bind the same UDP port and
+        # take the probes; a second exporter on the port must fail instead.
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            sock.close()
+            raise listen_error("udp echo responder", host, port, exc) from exc
+        sock.setblocking(False)
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
+        if family == socket.AF_INET:
+            sock.setsockopt(socket.IPPROTO_IP, wire.IP_PKTINFO, 1)
+        else:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, 1)
+        stamps.enable(sock)
+        self._sock = sock
+        asyncio.get_running_loop().add_reader(sock, self._read, sock)
+
+    def _read(self, sock: socket.socket) -> None:
+        for _ in range(64):
+            try:
+                data, ancdata, _, addr = sock.recvmsg(2048, socket.CMSG_SPACE(64) + stamps.CMSG_SPACE)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                continue
+            self._pktinfo = [
+                (lvl, kind, payload)
+                for lvl, kind, payload in ancdata
+                if (lvl, kind) in ((socket.IPPROTO_IP, wire.IP_PKTINFO), (socket.IPPROTO_IPV6, socket.IPV6_PKTINFO))
+            ]
+            self.datagram_received(data, addr, stamps.kernel_time(ancdata))
+
+    def close(self) -> None:
+        if self._sock is not None:
+            asyncio.get_running_loop().remove_reader(self._sock)
+            self._sock.close()
+            self._sock = None
+
+    def sockname(self) -> tuple[str, int]:
+        """The address and port it listens on (port 0 asks the kernel for one)."""
+        assert self._sock is not None
+        name: tuple[str, int] = self._sock.getsockname()[:2]
+        return name

@@ -1,0 +1,122 @@
+"""TCP request/response responder: answers rr probes (wire.py) from allowed sources only."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from .. import wire
+from ..allow import AllowList
+from .base import listen_error
+
+log = logging.getLogger(__name__)
+
+HELLO_TIMEOUT = 5.0
+IDLE_TIMEOUT = 120.0
+# A peer that stops reading answers is dropped once an answer cannot be sent in this time.
+WRITE_TIMEOUT = 10.0
+
+
+class RrResponder:
+    def __init__(self, allow: AllowList, max_connections_per_source: int, count: Callable[[str], None]):
+        self.allow = allow
+        self.max_per_source = max_connections_per_source
+        self.count = count  # called with accepted / not_allowed / rate_limited / malformed
+        self._open: Counter[str] = Counter()
+
+    async def start(self, host: str, port: int) -> RrServer:
+        listener = wire.stream_socket(host)
+        # TCP only: lets a restart bind while old connections sit in TIME_WAIT; a second
+        # listener on the same port still fails (that needs SO_REUSEPORT).
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind((host, port))
+            listener.listen(128)
+        except OSError as exc:
+            listener.close()
+            raise listen_error("tcp rr responder", host, port, exc) from exc
+        return RrServer(listener, self._handle)
+
+    async def _handle(self, sock: socket.socket, source: str) -> None:
+        try:
+            wire.tune(sock)
+            conn = wire.Connection(sock)
+        except OSError:
+            sock.close()
+            return
+        try:
+            if not self.allow.allows(source):
+                self.count("not_allowed")
+                await _write(conn, b"N")
+                return
+            if self._open[source] >= self.max_per_source:
+                self.count("rate_limited")
+                await _write(conn, b"N")
+                return
+            self._open[source] += 1
+            try:
+                await self._serve(conn)
+            finally:
+                self._open[source] -= 1
+                if not self._open[source]:
+                    del self._open[source]
+        except (OSError, asyncio.IncompleteReadError, TimeoutError):
+            pass
+        finally:
+            conn.close()
+
+    async def _serve(self, conn: wire.Connection) -> None:
+        async with asyncio.timeout(HELLO_TIMEOUT):
+            hello, _ = await conn.read(wire.RR_HELLO.size)
+        magic, version, size = wire.RR_HELLO.unpack(hello)
+        if magic != wire.RR_MAGIC or version != wire.RR_VERSION or not 1 <= size <= wire.RR_MAX_SIZE:
+            self.count("malformed")
+            await _write(conn, b"N")
+            return
+        self.count("accepted")
+        await _write(conn, b"Y")
+        while True:
+            async with asyncio.timeout(IDLE_TIMEOUT):
+                request, arrived_ns = await conn.read(size)
+            # Taken last, so that the hold covers everything but the send itself.
+            hold = max(0, time.time_ns() - arrived_ns)
+            await _write(conn, request + wire.HOLD.pack(hold))
+
+
+async def _write(conn: wire.Connection, data: bytes) -> None:
+    async with asyncio.timeout(WRITE_TIMEOUT):
+        await conn.write(data)
+
+
+class RrServer:
+    """The responder's listening socket and its connections; close() ends them all."""
+
+    def __init__(self, listener: socket.socket, handle: Callable[[socket.socket, str], Coroutine[Any, Any, None]]):
+        self.listener = listener
+        self._handle = handle
+        self._connections: set[asyncio.Task[None]] = set()
+        self._accepting = asyncio.create_task(self._accept(), name="rr-accept")
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, peer = await loop.sock_accept(self.listener)
+            except OSError as exc:  # e.g. out of file descriptors: keep serving the others
+                log.warning("tcp rr responder: accept failed: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            task = asyncio.create_task(self._handle(sock, peer[0]), name=f"rr-{peer[0]}")
+            self._connections.add(task)
+            task.add_done_callback(self._connections.discard)
+
+    def close(self) -> None:
+        self._accepting.cancel()
+        for task in list(self._connections):
+            task.cancel()
+        self.listener.close()

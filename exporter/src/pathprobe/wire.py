@@ -1,0 +1,151 @@
+"""The wire formats of pathprobe's own probes, shared by the probers and the responders.
+
+TCP request/response (rr): the client sends a 9-byte hello, b"PPRR", version 2, and
+the request size as a big-endian u32; the responder answers b"Y" (go on) or b"N"
+(refused), then answers every `size`-byte request on the same connection with the
+same bytes followed by a big-endian u64: how long, in nanoseconds, the request sat
+in the responder (from the kernel's receive timestamp to just before the answer is
+sent). The RTT is the network's part (see stamps.py).
+
+UDP echo: b"PPUE", sequence (u64), sender's wall clock (u64 ns), the responder's
+hold time (u64 ns, zero in the request), zero padding to the configured size. The
+responder returns the datagram with its hold time filled in, or a short b"PPUN" +
+sequence to a source it does not allow (never larger than the request, so it cannot
+amplify).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import time
+
+from . import stamps
+
+# --- TCP request/response
+RR_HELLO = struct.Struct("!4sBI")
+RR_MAGIC = b"PPRR"
+RR_VERSION = 2
+RR_MAX_SIZE = 65536
+HOLD = struct.Struct("!Q")
+
+# --- UDP echo
+ECHO_HEADER = struct.Struct("!4sQQQ")
+ECHO_HOLD_OFFSET = 20
+ECHO_MAGIC = b"PPUE"
+ECHO_REFUSED = b"PPUN"
+ECHO_REFUSAL = struct.Struct("!4sQ")
+ECHO_MAX_SIZE = 1400
+IP_PKTINFO = 8  # Linux; not exported by the socket module on every build
+
+READ_SIZE = 65536
+MAX_BUFFERED = 4 * RR_MAX_SIZE
+
+
+def socket_family(address: str) -> socket.AddressFamily:
+    """THE choice of address family: IPv6 for an address with a colon, else IPv4."""
+    return socket.AF_INET6 if ":" in address else socket.AF_INET
+
+
+def stream_socket(address: str) -> socket.socket:
+    sock = socket.socket(socket_family(address), socket.SOCK_STREAM)
+    sock.setblocking(False)
+    return sock
+
+
+def tune(sock: socket.socket) -> None:
+    """A connected socket: no Nagle delay, and a receive timestamp with every read."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    stamps.enable(sock)
+
+
+def echo_packet(seq: int, size: int, clock_ns: int, hold_ns: int = 0) -> bytes:
+    head = ECHO_HEADER.pack(ECHO_MAGIC, seq, clock_ns, hold_ns)
+    return head + b"\x00" * max(0, size - len(head))
+
+
+class Connection:
+    """A non-blocking TCP socket read through one persistent reader callback.
+
+    asyncio's streams drop the kernel's receive timestamp; reading with recvmsg() keeps
+    it. The callback stays registered (no epoll_ctl per message) and pauses only while
+    MAX_BUFFERED bytes wait unread (a peer that sends without reading answers) and no
+    read is waiting for more.
+    """
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self._loop = asyncio.get_running_loop()
+        self._buffer = bytearray()
+        self._stamp = 0
+        self._eof = False
+        self._error: OSError | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._want = 0
+        self._reading = False
+        self._resume()
+
+    def _resume(self) -> None:
+        if not self._reading and not self._eof and self._error is None:
+            self._loop.add_reader(self.sock.fileno(), self._on_readable)
+            self._reading = True
+
+    def _pause(self) -> None:
+        if self._reading:
+            self._loop.remove_reader(self.sock.fileno())
+            self._reading = False
+
+    def _on_readable(self) -> None:
+        try:
+            data, ancdata, _, _ = self.sock.recvmsg(READ_SIZE, stamps.CMSG_SPACE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._error = exc
+        else:
+            if data:
+                self._buffer += data
+                self._stamp = stamps.kernel_time(ancdata) or time.time_ns()
+            else:
+                self._eof = True
+        ended = self._eof or self._error is not None
+        if ended or len(self._buffer) >= max(MAX_BUFFERED, self._want):
+            self._pause()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done() and (ended or len(self._buffer) >= self._want):
+            waiter.set_result(None)
+
+    async def read(self, n: int) -> tuple[bytes, int]:
+        """`n` bytes, and when the last of them arrived: the kernel's receive timestamp
+        (ns, CLOCK_REALTIME), or the read's time without one."""
+        while len(self._buffer) < n:
+            if self._error is not None:
+                raise self._error
+            if self._eof:
+                raise asyncio.IncompleteReadError(bytes(self._buffer), n)
+            self._want = n
+            self._resume()
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+                self._want = 0
+        data = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        if len(self._buffer) < MAX_BUFFERED:
+            self._resume()
+        return data, self._stamp
+
+    async def write(self, data: bytes) -> None:
+        try:  # small messages: one send() without going through the event loop
+            sent = self.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        if sent < len(data):
+            await self._loop.sock_sendall(self.sock, data[sent:])
+
+    def close(self) -> None:
+        self._pause()
+        self.sock.close()

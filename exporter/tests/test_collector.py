@@ -1,0 +1,129 @@
+"""The store and the collector over it: what /metrics shows for what the probes recorded."""
+
+import asyncio
+from pathlib import Path
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pathprobe.collector import registry
+from pathprobe.config import Config
+from pathprobe.exporter import Exporter
+from pathprobe.probes import ProbeFailure, ThroughputResult, ThroughputTest
+
+
+def config(tmp_path: Path, **extra: object) -> Config:
+    return Config.model_validate({
+        "host": {"name": "a", "address": "198.18.1.2", "region": "r1"},
+        "peers": [
+            {"name": "b", "address": "198.18.2.2", "region": "r2", "path_class": "inter_region"},
+            {"name": "c", "address": "198.18.3.2", "region": "r1", "path_class": "intra_region"},
+        ],
+        "budget": {"state_file": str(tmp_path / "budget.json")},
+        "tcp_rmem_max_bytes": 6291456, "tcp_wmem_max_bytes": 4194304, "tcp_window_share": 0.5,
+        **extra,
+    })  # fmt: skip
+
+
+def samples(exporter: Exporter) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = generate_latest(registry(exporter.collector)).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(got: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    matches = [v for (n, ls), v in got.items() if n == name and labels.items() <= dict(ls).items()]
+    assert len(matches) == 1, f"{name} {labels}: {len(matches)} series"
+    return matches[0]
+
+
+def result(rtt: float | None = None) -> ThroughputResult:
+    return ThroughputResult("tcp", 1, "send", 5, 1, None, None, 50e6, 51e6, 250 * 10**6, retransmits=7,
+                            rtt_seconds=rtt, timestamp=1000.0)  # fmt: skip
+
+
+def test_every_outcome_starts_at_zero_and_no_created_series(tmp_path: Path) -> None:
+    got = samples(Exporter(config(tmp_path)))
+    assert value(got, "pathprobe_probe_runs_total", probe="rtt", peer="b", result="timeout") == 0
+    assert value(got, "pathprobe_udp_packets_lost_total", peer="c") == 0
+    assert not [n for n, _ in got if n.endswith("_created")]
+    assert value(got, "pathprobe_schedule_members") == 3
+    # Before any test, the expected value has no RTT: the inter-region per-flow limit binds.
+    assert value(got, "pathprobe_throughput_expected_bytes_per_second", peer="b", streams="1", limit="per_flow") > 0
+
+
+def test_probe_outcomes_reach_metrics_with_the_injected_clock(tmp_path: Path) -> None:
+    e = Exporter(config(tmp_path), clock=lambda: 1234.5)
+    rtt = e.store.rtt_sink("b", 1)
+    for seconds in (0.0071, 0.0072, 0.009):
+        rtt.rtt(seconds)
+    rtt.failure("refused")
+    echo = e.store.echo_sink("c")
+    echo.sent(64)
+    echo.received(0.0004)
+    echo.lost()
+    got = samples(e)
+    assert value(got, "pathprobe_rtt_seconds_count", peer="b", protocol="tcp") == 3
+    assert value(got, "pathprobe_rtt_seconds_bucket", peer="b", protocol="tcp", le="0.008") == 2
+    assert value(got, "pathprobe_rtt_seconds_bucket", peer="b", protocol="tcp", le="+Inf") == 3
+    assert value(got, "pathprobe_rtt_seconds_sum", peer="b", protocol="tcp") == 0.0071 + 0.0072 + 0.009
+    assert value(got, "pathprobe_probe_runs_total", probe="rtt", peer="b", result="refused") == 1
+    assert value(got, "pathprobe_probe_last_success_timestamp_seconds", probe="rtt", peer="b") == 1234.5
+    assert value(got, "pathprobe_probe_bytes_sent_total", probe="rtt", peer="b") == 3
+    assert value(got, "pathprobe_udp_packets_lost_total", peer="c") == 1
+    assert value(got, "pathprobe_probe_runs_total", probe="loss", peer="c", result="timeout") == 1
+
+
+def test_a_result_is_rated_with_an_rtt_from_its_own_time(tmp_path: Path) -> None:
+    e = Exporter(config(tmp_path))
+    peer = e.cfg.peers[0]
+    e.tracker.rate(peer, ("tcp", "1", "send"), result(rtt=0.074))  # no RTT window yet: iperf3's RTT
+    e.store.record_throughput(("b", "tcp", "1", "send"), result(rtt=0.074))
+    got = samples(e)
+    expected = value(got, "pathprobe_throughput_expected_bytes_per_second", peer="b", streams="1")
+    # The send buffer (4 MiB x 0.5 / 74 ms) binds, not the 5 Gbps per-flow limit.
+    assert expected == 4194304 * 0.5 / 0.074
+    assert value(got, "pathprobe_throughput_expected_bytes_per_second", peer="b", streams="1",
+                 limit="send_buffer") == expected  # fmt: skip
+    assert value(got, "pathprobe_throughput_bytes_per_second", peer="b", streams="1") == 50e6
+    assert value(got, "pathprobe_probe_bytes_sent_total", probe="throughput", peer="b") == 300 * 10**6
+
+
+class FailingProber:
+    """Stands in for iperf3: raises what a broken binary or output once made escape the loop."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def run(self, test: ThroughputTest) -> ThroughputResult:
+        self.calls += 1
+        if self.calls % 2:
+            raise OverflowError("int too large to convert to float")
+        raise ProbeFailure("error", "garbage")
+
+
+def test_the_throughput_loop_survives_unexpected_errors(tmp_path: Path) -> None:
+    cfg = config(
+        tmp_path,
+        schedule={"slot_seconds": 4, "jitter_seconds": 0, "timeout_margin_seconds": 1},
+        probes={"throughput": {"streams": [1], "duration_seconds": 0.5, "omit_seconds": 0}},
+    )
+    e = Exporter(cfg)
+    prober = FailingProber()
+    e.turns.prober = prober  # type: ignore[assignment]
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(e.turns.run(stop))
+        async with asyncio.timeout(20):
+            while prober.calls < 2:  # the second call comes from a turn after the first error
+                await asyncio.sleep(0.05)
+        stop.set()
+        task.cancel()
+
+    asyncio.run(scenario())
+    assert e.store.turn_errors["OverflowError"] >= 1
+    assert e.store.runs["throughput", "b", "error"] + e.store.runs["throughput", "c", "error"] >= 1
