@@ -188,7 +188,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "requests by outcome: " + (", ".join(f"{r} {res}={n}" for (r, res), n in sorted(counts.items())) or "none")
         )
 
-    asyncio.run(serve())
+    try:
+        asyncio.run(serve())
+    except responders.ResponderError as exc:
+        print(f"pathprobe: {exc}", file=sys.stderr)
+        return EXIT_PROBE_FAILED
     return 0
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Callable
 
+from .. import wire
 from ..allow import AllowList
 from ..config import Iperf3Settings, Responders
-from .base import Count, ResponderError
+from .base import Count, ResponderError, listen_error
 from .echo import EchoResponder
 from .iperf3 import server_command, supervise
 from .rr import RrResponder, RrServer
@@ -34,6 +36,17 @@ class Running:
         self.echo.close()
 
 
+def check_port_free(what: str, host: str, port: int) -> None:
+    """Fail at once, naming the port, when another process (e.g. an iperf3 left by an
+    older pathprobe) listens on it: otherwise the supervisor would restart in a loop."""
+    with socket.socket(wire.socket_family(host), socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as iperf3 binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise listen_error(what, host, port, exc) from exc
+
+
 async def start(
     settings: Responders,
     iperf3: Iperf3Settings,
@@ -44,6 +57,7 @@ async def start(
 ) -> Running:
     """Start every responder; raises ResponderError when one cannot listen."""
     listen = str(settings.listen)
+    check_port_free("iperf3 server", listen, iperf3.port)
     rr = RrResponder(allow, settings.rr_max_connections_per_source, lambda result: count("rr", result))
     echo = EchoResponder(allow, settings.echo_max_pps_per_source, lambda result: count("echo", result))
     rr_server = await rr.start(listen, settings.rr_port)

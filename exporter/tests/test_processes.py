@@ -1,0 +1,75 @@
+"""Real `pathprobe serve` processes on loopback: no child outlives it, and a taken port
+is a clear error instead of a restart loop."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pathprobe import procs
+
+SERVE = [sys.executable, "-m", "pathprobe", "serve", "--listen", "127.0.0.1"]
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def start(ports: tuple[int, int]) -> subprocess.Popen[str]:
+    rr, iperf3 = ports
+    proc = subprocess.Popen(
+        [*SERVE, "--rr-port", str(rr), "--echo-port", str(rr), "--iperf3-port", str(iperf3)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    return proc
+
+
+@pytest.fixture
+def ports() -> tuple[int, int]:
+    base = 20000 + os.getpid() % 20000
+    return base, base + 1
+
+
+def test_the_iperf3_server_dies_with_a_killed_serve(ports: tuple[int, int]) -> None:
+    proc = start(ports)
+    try:
+        assert proc.stdout is not None and "answering" in proc.stdout.readline()  # ready
+        deadline = time.monotonic() + 10
+        while not (kids := children(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert kids, "no iperf3 server started"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+        deadline = time.monotonic() + 5
+        while any(procs.alive(k) for k in kids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(procs.alive(k) for k in kids), "iperf3 outlived its parent"
+    finally:
+        proc.kill()
+        proc.wait()
+    again = start(ports)  # the ports are free again at once
+    try:
+        assert again.stdout is not None and "answering" in again.stdout.readline()
+    finally:
+        again.terminate()
+        again.wait(timeout=10)
+
+
+def test_a_second_serve_on_the_same_ports_fails_clearly(ports: tuple[int, int]) -> None:
+    first = start(ports)
+    try:
+        assert first.stdout is not None and "answering" in first.stdout.readline()
+        second = start(ports)
+        _, err = second.communicate(timeout=20)
+        assert second.returncode != 0
+        assert "cannot listen on 127.0.0.1" in err and "Traceback" not in err
+    finally:
+        first.terminate()
+        first.wait(timeout=10)
