@@ -3,6 +3,7 @@
 import asyncio
 from pathlib import Path
 
+import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -10,6 +11,7 @@ from pathprobe.collector import registry
 from pathprobe.config import Config
 from pathprobe.exporter import Exporter
 from pathprobe.probes import ProbeFailure, ThroughputResult, ThroughputTest
+from pathprobe.probes.report import Summary
 
 
 def config(tmp_path: Path, **extra: object) -> Config:
@@ -66,9 +68,13 @@ def test_probe_outcomes_reach_metrics_with_the_injected_clock(tmp_path: Path) ->
     echo.received(0.0004)
     echo.lost()
     got = samples(e)
-    assert value(got, "pathprobe_rtt_seconds_count", peer="b", protocol="tcp") == 3
-    assert value(got, "pathprobe_rtt_seconds_bucket", peer="b", protocol="tcp", le="0.008") == 2
-    assert value(got, "pathprobe_rtt_seconds_bucket", peer="b", protocol="tcp", le="+Inf") == 3
+    assert value(got, "pathprobe_rtt_seconds_count", peer="b", protocol="tcp", state="idle") == 3
+    raw = Summary.of([0.0071, 0.0072, 0.009])  # the one-shot probe's own quantiles
+    assert raw is not None
+    for q, want in (("0.5", raw.p50), ("0.99", raw.p99)):
+        assert value(got, "pathprobe_rtt_seconds", peer="b", protocol="tcp", quantile=q) == pytest.approx(
+            want, rel=0.003
+        )
     assert value(got, "pathprobe_rtt_seconds_sum", peer="b", protocol="tcp") == 0.0071 + 0.0072 + 0.009
     assert value(got, "pathprobe_probe_runs_total", probe="rtt", peer="b", result="refused") == 1
     assert value(got, "pathprobe_probe_last_success_timestamp_seconds", probe="rtt", peer="b") == 1234.5
@@ -127,3 +133,27 @@ def test_the_throughput_loop_survives_unexpected_errors(tmp_path: Path) -> None:
     asyncio.run(scenario())
     assert e.store.turn_errors["OverflowError"] >= 1
     assert e.store.runs["throughput", "b", "error"] + e.store.runs["throughput", "c", "error"] >= 1
+
+
+def test_quantiles_cover_a_sliding_window_and_keep_loaded_samples_apart(tmp_path: Path) -> None:
+    now = [10_000.0]
+    e = Exporter(config(tmp_path), clock=lambda: now[0])
+    e.store.load_state = lambda peer, t: "loaded" if 10_100 <= t < 10_110 else "idle"
+    sink = e.store.rtt_sink("b", 1)
+    for i in range(100):  # 100 s of 74-75 ms, then 10 s of 300 ms behind a test's queue
+        now[0] = 10_000 + i
+        sink.rtt(0.074 + i * 1e-5)
+    for i in range(10):
+        now[0] = 10_100 + i
+        sink.rtt(0.300)
+    now[0] = 10_110
+    got = samples(e)
+    idle_p99 = value(got, "pathprobe_rtt_seconds", peer="b", state="idle", quantile="0.99")
+    assert idle_p99 == pytest.approx(0.074 + 98e-5, rel=0.003)
+    assert value(got, "pathprobe_rtt_seconds", peer="b", state="loaded", quantile="0.5") == pytest.approx(
+        0.3, rel=0.003
+    )
+    now[0] = 10_000 + 400  # the idle samples have left the 300 s window; the counts stay
+    got = samples(e)
+    assert not [k for k in got if k[0] == "pathprobe_rtt_seconds" and ("state", "idle") in k[1]]
+    assert value(got, "pathprobe_rtt_seconds_count", peer="b", state="idle") == 100

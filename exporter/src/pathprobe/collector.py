@@ -5,14 +5,12 @@ documents each metric; the rules and dashboards depend on these names."""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
-    HistogramMetricFamily,
     InfoMetricFamily,
     Metric,
 )
@@ -23,13 +21,12 @@ from .budget import Budget
 from .config import Config, Peer, ThroughputSettings
 from .probes import REASONS
 from .schedule import Schedule
-from .store import RTT_BUCKETS, UDP_COUNTS, Store
+from .store import RELATIVE_ACCURACY, UDP_COUNTS, WINDOW_SECONDS, Store
 
 PEER = ["peer", "peer_region", "path_class"]
 TEST = [*PEER, "protocol", "streams", "direction"]
 PROBES = ("throughput", "rtt", "loss")
 CACHED = "Results are cached from the last completed test; see the matching _timestamp_seconds."
-_LE = [floatToGoString(b) for b in RTT_BUCKETS] + ["+Inf"]  # type: ignore[no-untyped-call]
 
 
 def peer_labels(peer: Peer) -> list[str]:
@@ -184,17 +181,24 @@ class Collector:
             skipped.add_metric([peer, reason], n)
         yield from (rate, sender, retransmits, udp_loss, jitter, ended, expected, window, skipped)
 
-    # --- RTT histograms
+    # --- RTT: exact quantiles over a sliding window, idle and under load apart
     def _rtt(self) -> Iterator[Metric]:
-        family = HistogramMetricFamily(
+        family = Metric(
             "pathprobe_rtt_seconds",
-            "Round-trip time of TCP request/response (protocol=tcp) and UDP echo (protocol=udp) probes.",
-            labels=[*PEER, "protocol"],
+            f"Round-trip time of TCP request/response (protocol=tcp) and UDP echo (protocol=udp) probes: "
+            f"quantiles over the last {WINDOW_SECONDS:g} s (within {RELATIVE_ACCURACY:.1%} of the value), "
+            "count and sum since start. state=loaded: this host or the peer may be in a throughput test.",
+            "summary",
         )
-        for (name, protocol), hist in dict(self.store.rtt).items():
-            counts = list(hist.counts)
-            buckets = list(zip(_LE, itertools.accumulate(counts), strict=True))
-            family.add_metric([*peer_labels(self.peers[name]), protocol], buckets, hist.total)
+        now = self.store.clock()
+        for (name, protocol, state), window in dict(self.store.rtt).items():
+            labels = dict(zip(PEER, peer_labels(self.peers[name]), strict=True)) | {
+                "protocol": protocol, "state": state
+            }  # fmt: skip
+            for q, v in window.quantiles(now).items():
+                family.add_sample("pathprobe_rtt_seconds", labels | {"quantile": floatToGoString(q)}, v)  # type: ignore[no-untyped-call]
+            family.add_sample("pathprobe_rtt_seconds_count", labels, window.count)
+            family.add_sample("pathprobe_rtt_seconds_sum", labels, window.total)
         yield family
 
     # --- UDP echo accounting

@@ -37,10 +37,19 @@ class Exporter:
         self.tracker = ExpectedTracker(cfg, self.store)
         self.turns = ThroughputTurns(cfg, self.store, self.schedule, self.budget, self.tracker, clock)
         self.collector = Collector(cfg, self.schedule, self.budget, self.store)
+        self.store.load_state = self.load_state
         for peer in cfg.peers:
             settings = cfg.throughput_for(peer)
             if settings.enabled:
                 self.tracker.rate_all(peer, settings.tests())
+
+    def load_state(self, peer: str, now: float) -> str:
+        """RTT samples taken while this host or the peer may be in a throughput test sit
+        behind that test's queue: they are kept apart as "loaded"."""
+        active = self.cfg.half_slot_need()
+        if active and (self.schedule.busy(self.cfg.host.name, now, active) or self.schedule.busy(peer, now, active)):
+            return "loaded"
+        return "idle"
 
     def allow_list(self) -> AllowList:
         return AllowList([*(str(p.address) for p in self.cfg.peers), *self.cfg.responders.allow])

@@ -88,6 +88,16 @@ class Schedule:
             start += half
         return Turn(slot, peer, start, start + half)
 
+    def busy(self, host: str, now: float, active_seconds: float) -> bool:
+        """Whether `host` may be in a throughput test at `now`: it has a partner in this
+        slot (so it is the client in one half and the server in the other) and `now` is
+        within `active_seconds` of the start of the current half (the most a half's tests
+        take: ThroughputSettings and Config.half_slot_need)."""
+        slot = int(now // self.slot_seconds)
+        if self.partner(host, slot) is None:
+            return False
+        return (now % self.slot_seconds) % (self.slot_seconds / 2) < active_seconds
+
     def next_turn(self, host: str, now: float) -> Turn | None:
         """The first turn of `host` that has not ended at `now`."""
         slot = int(now // self.slot_seconds)

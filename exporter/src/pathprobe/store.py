@@ -6,39 +6,89 @@ dict first (one C-level copy under the GIL, so never a dict changed during itera
 from __future__ import annotations
 
 import bisect
+import itertools
+import math
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ddsketch import DDSketch
+
 from .limits import Expected
 from .probes import Reason, ThroughputResult
 
-# From tens of microseconds (same zone) to seconds (a path in trouble), denser
-# where inter-region RTTs live (1-100 ms: steps of 20-30%). Every bucket costs
-# a series per peer and protocol, so this is a compromise with scrape size.
-RTT_BUCKETS = (
-    25e-6, 50e-6, 100e-6, 250e-6, 500e-6,
-    0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.008, 0.010, 0.0125, 0.015,
-    0.020, 0.025, 0.030, 0.040, 0.050, 0.060, 0.080, 0.100, 0.150, 0.200,
-    0.300, 0.500, 1.0, 2.5, 5.0,
-)  # fmt: skip
+# RTT quantiles: exact to RELATIVE_ACCURACY of the value (DDSketch), over a window that
+# slides in steps of WINDOW_SECONDS / WINDOW_STEPS.
+QUANTILES = (0.5, 0.9, 0.99)
+RELATIVE_ACCURACY = 0.002
+WINDOW_SECONDS, WINDOW_STEPS = 300.0, 10
+STATES = ("idle", "loaded")  # loaded: this host or the peer may be in a throughput test
 
 UDP_COUNTS = ("sent", "received", "lost", "duplicate", "reordered", "late")
 
 TestKey = tuple[str, str, str, str]  # peer, protocol, streams, direction
 
 
-@dataclass
-class Histogram:
-    """Counts per RTT_BUCKETS bucket (not cumulative; the last one is +Inf) and the sum."""
+class WindowedQuantiles:
+    """RTT samples of one path: quantiles over the last WINDOW_SECONDS (a ring of DDSketch
+    sketches, one per step, merged at scrape time), and the cumulative count and sum."""
 
-    counts: list[int] = field(default_factory=lambda: [0] * (len(RTT_BUCKETS) + 1))
-    total: float = 0.0
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # observe() on the event loop, quantiles() on the render thread
+        self.steps: dict[int, DDSketch] = {}  # step number (time // step length) -> sketch
+        self.count = 0
+        self.total = 0.0
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(RTT_BUCKETS, value)] += 1
-        self.total += value
+    def observe(self, value: float, now: float) -> None:
+        step = int(now // (WINDOW_SECONDS / WINDOW_STEPS))
+        with self._lock:
+            sketch = self.steps.get(step)
+            if sketch is None:
+                sketch = self.steps[step] = DDSketch(relative_accuracy=RELATIVE_ACCURACY)
+                for old in [k for k in self.steps if k <= step - WINDOW_STEPS]:
+                    del self.steps[old]
+            sketch.add(value)
+            self.count += 1
+            self.total += value
+
+    def quantiles(self, now: float) -> dict[float, float]:
+        """Each of QUANTILES over the window ending now; empty when the window has no sample."""
+        step = int(now // (WINDOW_SECONDS / WINDOW_STEPS))
+        window = DDSketch(relative_accuracy=RELATIVE_ACCURACY)
+        with self._lock:
+            for k, sketch in self.steps.items():
+                if step - WINDOW_STEPS < k <= step:
+                    window.merge(sketch)
+        if window.count == 0:
+            return {}
+        return _quantiles(window, QUANTILES)
+
+
+def _quantiles(sketch: DDSketch, qs: tuple[float, ...]) -> dict[float, float]:
+    """Quantiles as the probes' own summary (probes/report.py) takes them: linear
+    interpolation between the two closest ranks, each read from the sketch's bins.
+
+    One pass over the bins for all of them (DDSketch's own lookup walks the bins in
+    Python once per call). It reads the sketch's store and mapping, which are private:
+    the ddsketch version is pinned for that reason."""
+    store, mapping = sketch._store, sketch._mapping
+    below = sketch._zero_count + sketch._negative_store.count  # RTTs are positive: both 0
+    running = list(itertools.accumulate(store.bins))
+
+    def at(rank: int) -> float:  # the sample of this rank: in the first bin whose running count exceeds it
+        i = min(bisect.bisect_right(running, rank - below), len(running) - 1)
+        return float(mapping.value(i + store.offset))
+
+    last = int(sketch.count) - 1
+    out = {}
+    for q in qs:
+        rank = q * last
+        lo, hi = math.floor(rank), math.ceil(rank)
+        low = at(lo)
+        out[q] = low if hi == lo else low + (at(hi) - low) * (rank - lo)
+    return out
 
 
 @dataclass
@@ -50,7 +100,10 @@ class Store:
     last_success: dict[tuple[str, str], float] = field(default_factory=dict)  # probe, peer
     bytes_sent: Counter[tuple[str, str]] = field(default_factory=Counter)  # probe, peer
     skipped: Counter[tuple[str, str]] = field(default_factory=Counter)  # peer, reason
-    rtt: dict[tuple[str, str], Histogram] = field(default_factory=dict)  # peer, protocol
+    rtt: dict[tuple[str, str, str], WindowedQuantiles] = field(default_factory=dict)  # peer, protocol, state
+    # "idle" or "loaded" for a peer at a time: whether this host or the peer may be in a
+    # throughput test (set by the exporter from the schedule; see Schedule.busy).
+    load_state: Callable[[str, float], str] = lambda peer, now: "idle"
     udp: dict[str, Counter[str]] = field(default_factory=dict)  # peer -> UDP_COUNTS
     udp_jitter: dict[str, float] = field(default_factory=dict)
     responder_requests: Counter[tuple[str, str]] = field(default_factory=Counter)  # responder, result
@@ -68,10 +121,12 @@ class Store:
         self.runs[probe, peer, reason] += 1
 
     def observe_rtt(self, peer: str, protocol: str, seconds: float) -> None:
-        hist = self.rtt.get((peer, protocol))
-        if hist is None:
-            hist = self.rtt[peer, protocol] = Histogram()
-        hist.observe(seconds)
+        now = self.clock()
+        key = (peer, protocol, self.load_state(peer, now))
+        window = self.rtt.get(key)
+        if window is None:
+            window = self.rtt[key] = WindowedQuantiles()
+        window.observe(seconds, now)
 
     def record_throughput(self, key: TestKey, result: ThroughputResult) -> None:
         self.throughput[key] = result
