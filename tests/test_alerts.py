@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from helpers import scrape, start_exporter, topology, value, wait_for
-from pathprobe import alerts
+from pathprobe.monitoring import params, rules
 from pathprobe.lab import demo, net
 from pathprobe.lab.configs import exporter_config, lab_alert_params, rotation_seconds
 from pathprobe.lab.topology import PathSpec, address
@@ -35,9 +35,17 @@ def alert_rules() -> list[dict]:
 
 
 def test_committed_rules_are_the_rendered_defaults() -> None:
-    assert RULES.read_text() == alerts.dump(alerts.Params()), (
+    assert RULES.read_text() == rules.dump(params.Params()), (
         "run: pathprobe alerts render --out alerts/pathprobe.rules.yml"
     )
+
+
+def test_every_parameter_is_documented_with_its_default() -> None:
+    readme = (ALERTS / "README.md").read_text()
+    for name, field in params.Params.model_fields.items():
+        default = field.default if isinstance(field.default, str) else f"{field.default:g}"
+        assert f"`{name}`" in readme, f"alerts/README.md does not document {name}"
+        assert f"`{default}`" in readme, f"alerts/README.md does not show {name}'s default {default}"
 
 
 def test_promtool_checks_and_unit_tests_pass() -> None:
@@ -63,7 +71,7 @@ def test_every_alert_follows_the_mixin_style_and_is_unit_tested() -> None:
 
 def test_lab_rules_are_valid_too(tmp_path: Path) -> None:
     lab_rules = tmp_path / "lab.rules.yml"
-    lab_rules.write_text(alerts.dump(lab_alert_params(90)))
+    lab_rules.write_text(rules.dump(lab_alert_params(90)))
     check = run("promtool", "check", "rules", str(lab_rules))
     assert check.returncode == 0, check.stdout + check.stderr
 

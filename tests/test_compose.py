@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from pathprobe import alerts
+from pathprobe.monitoring import params, rules
 
 ROOT = Path(__file__).parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -70,8 +70,8 @@ def test_alertmanager_config_passes_amtool_and_is_generated_from_the_production_
     proc = subprocess.run(["amtool", "check-config", str(am)], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     url = "http://alert-log:19099/alerts"
-    expected = alerts.WEBHOOK_HEADER.format(url=url) + yaml.safe_dump(
-        alerts.webhook_routing((ROOT / "alerts" / "alertmanager.yml").read_text(), url), sort_keys=False
+    expected = rules.WEBHOOK_HEADER.format(url=url) + yaml.safe_dump(
+        rules.webhook_routing((ROOT / "alerts" / "alertmanager.yml").read_text(), url), sort_keys=False
     )
     assert am.read_text() == expected, "run: pathprobe alerts webhook-routing --url ... --out compose/alertmanager.yml"
 

@@ -23,7 +23,7 @@ def client(timeout: float = 1.0) -> tuple[EchoProber, RttReport]:
 
 
 def send(c: EchoProber, seq: int, at: float) -> None:
-    c._outstanding[seq] = at
+    c.track(seq, at)
     c.sink.sent(64)
 
 
@@ -123,6 +123,41 @@ def test_responder_fills_in_its_hold_time_and_keeps_the_rest() -> None:
     request = packet(3, 64, 123, hold_ns=0)
     resp.datagram_received(request, ("198.18.1.2", 4000), arrived_ns=time.time_ns() - 1_000_000)
     reply = t.sent[0][0]
-    magic, seq, clock, hold = HEADER.unpack_from(reply)
-    assert (magic, seq, clock, len(reply)) == (MAGIC, 3, 123, 64)
+    magic, seq, clock, hold, received = HEADER.unpack_from(reply)
+    assert (magic, seq, clock, received, len(reply)) == (MAGIC, 3, 123, 1, 64)
     assert 1_000_000 <= hold < 1_000_000_000
+
+
+def client_with(flows: int, timeout: float = 1.0) -> tuple[EchoProber, RttReport]:
+    report = RttReport("udp", 0.01, 64)
+    settings = LossSettings(rate_pps=100, size_bytes=64, timeout_seconds=timeout, flows=flows)
+    return EchoProber(Target("198.18.1.2", 9470), settings, ReportSink(report)), report
+
+
+def test_loss_splits_by_direction_from_the_responders_counts() -> None:
+    # One flow, 10 packets: #3 never reaches the responder, #6's echo never comes back.
+    c, r = client_with(flows=1)
+    now = time.perf_counter()
+    reflected = 0
+    for seq in range(10):
+        send(c, seq, now)
+        if seq == 3:
+            continue
+        reflected += 1
+        if seq != 6:
+            c.datagram_received(packet(seq, 64, 0, received=reflected), ("x", 1))
+    c._expire(now + 2.0, everything=True)
+    assert (r.lost, r.lost_forward, r.lost_reverse) == (2, 1, 1)
+
+
+def test_one_dead_flow_of_eight_shows_as_a_failing_flow() -> None:
+    c, r = client_with(flows=8)
+    now = time.perf_counter()
+    for seq in range(160):  # 20 packets per flow; flow 5 gets no echo at all
+        send(c, seq, now)
+        if seq % 8 != 5:
+            c.datagram_received(packet(seq, 64, 0, received=seq // 8 + 1), ("x", 1))
+    c._expire(now + 2.0, everything=True)
+    assert r.lost == 20 and r.lost / r.sent == 1 / 8
+    assert r.flows_failing == 1 and r.worst_flow_loss_ratio == 1.0
+    assert r.lost_reverse == 0  # the responder's count on flow 5 never came back: unknown, not guessed

@@ -24,7 +24,7 @@ async def probe(port: int, count: int) -> RttReport:
 def test_exchanges_and_refusals_are_counted() -> None:
     async def scenario() -> tuple[RttReport, RttReport, list[str]]:
         counts: list[str] = []
-        server = await RrResponder(AllowList(["127.0.0.0/8"]), 4, counts.append).start("127.0.0.1", 0)
+        server = await RrResponder(AllowList(["127.0.0.0/8"]), 16, counts.append).start("127.0.0.1", 0)
         port = server.listener.getsockname()[1]
         ok = await probe(port, 20)
         server.close()
@@ -37,7 +37,20 @@ def test_exchanges_and_refusals_are_counted() -> None:
     assert ok.received == 20 and not ok.failures
     assert all(0 < rtt < 0.05 for rtt in ok.rtts)
     assert refused.failures == {"not_allowed": 1}
-    assert counts == ["accepted", "not_allowed"]
+    assert counts == ["accepted"] * 8 + ["not_allowed"]  # 20 exchanges over the 8 flows' connections
+
+
+def test_connections_beyond_the_per_source_limit_are_refused_and_counted() -> None:
+    async def scenario() -> tuple[RttReport, list[str]]:
+        counts: list[str] = []
+        server = await RrResponder(AllowList(["127.0.0.0/8"]), 3, counts.append).start("127.0.0.1", 0)
+        report = await probe(server.listener.getsockname()[1], 8)  # one exchange per flow
+        server.close()
+        return report, counts
+
+    report, counts = asyncio.run(scenario())
+    assert (report.received, report.failures) == (3, {"not_allowed": 5})
+    assert counts == ["accepted"] * 3 + ["rate_limited"] * 5
 
 
 def test_a_sender_that_never_reads_is_held_to_a_bounded_buffer() -> None:
@@ -84,7 +97,7 @@ def test_the_responder_closing_early_is_an_error_not_a_hang() -> None:
 def test_old_or_foreign_hellos_are_malformed(hello: bytes) -> None:
     async def scenario() -> tuple[bytes, list[str]]:
         counts: list[str] = []
-        server = await RrResponder(AllowList(["127.0.0.0/8"]), 4, counts.append).start("127.0.0.1", 0)
+        server = await RrResponder(AllowList(["127.0.0.0/8"]), 16, counts.append).start("127.0.0.1", 0)
         reader, writer = await asyncio.open_connection("127.0.0.1", server.listener.getsockname()[1])
         writer.write(hello)
         answer = await asyncio.wait_for(reader.read(1), 5)
@@ -99,7 +112,7 @@ def test_old_or_foreign_hellos_are_malformed(hello: bytes) -> None:
 def test_both_probes_work_over_ipv4_and_ipv6(address: str) -> None:
     async def scenario() -> tuple[RttReport, RttReport]:
         allow = AllowList(["127.0.0.0/8", "::1/128"])
-        rr = await RrResponder(allow, 4, lambda _: None).start(address, 0)
+        rr = await RrResponder(allow, 16, lambda _: None).start(address, 0)
         echo = EchoResponder(allow, 1000, lambda _: None)
         await echo.start(address, 0)
         tcp, udp = RttReport("tcp", 0.001, 1), RttReport("udp", 0.005, 64)

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import yaml
 
-from . import __version__, alerts, capacity_cli, config, lab_cli, responders, wire
+from . import __version__, capacity_cli, config, lab_cli, responders, wire
 from .allow import AllowList
 from .collector import registry
 from .exporter import Exporter
+from .monitoring import params, rules
 from .probes import EchoProber, ProbeFailure, RttProber, Target, ThroughputProber, ThroughputResult, ThroughputTest
 from .probes.report import ReportSink, RttReport, Summary
 from .units import format_bits, format_seconds, parse_quantity
@@ -323,12 +324,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_alerts_render(args: argparse.Namespace) -> int:
-    return _write(alerts.dump(alerts.load_params(args.params)), args.out)
+    return _write(rules.dump(params.load_params(args.params)), args.out)
 
 
 def cmd_alerts_webhook_routing(args: argparse.Namespace) -> int:
-    cfg = alerts.webhook_routing(Path(args.config).read_text(), args.url)
-    return _write(alerts.WEBHOOK_HEADER.format(url=args.url) + yaml.safe_dump(cfg, sort_keys=False), args.out)
+    cfg = rules.webhook_routing(Path(args.config).read_text(), args.url)
+    return _write(rules.WEBHOOK_HEADER.format(url=args.url) + yaml.safe_dump(cfg, sort_keys=False), args.out)
 
 
 def _write(text: str, out: str | None) -> int:

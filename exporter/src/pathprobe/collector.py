@@ -86,7 +86,7 @@ class Collector:
         rtt_settings = _gauge(
             "pathprobe_rtt_settings_info",
             "Settings of the RTT probes (value 1): interval between requests, size, timeout.",
-            [*PEER, "protocol", "interval_seconds", "size_bytes", "timeout_seconds"],
+            [*PEER, "protocol", "interval_seconds", "size_bytes", "timeout_seconds", "flows"],
         )
         tput_settings = _gauge(
             "pathprobe_throughput_settings_info",
@@ -101,11 +101,27 @@ class Collector:
                 ceiling.add_metric(labels, peer.rtt_ceiling_seconds)
             if rtt.enabled:
                 rtt_settings.add_metric(
-                    [*labels, "tcp", f"{rtt.interval_seconds:g}", str(rtt.size_bytes), f"{rtt.timeout_seconds:g}"], 1
+                    [
+                        *labels,
+                        "tcp",
+                        f"{rtt.interval_seconds:g}",
+                        str(rtt.size_bytes),
+                        f"{rtt.timeout_seconds:g}",
+                        str(rtt.flows),
+                    ],
+                    1,
                 )
             if loss.enabled:
                 rtt_settings.add_metric(
-                    [*labels, "udp", f"{1 / loss.rate_pps:g}", str(loss.size_bytes), f"{loss.timeout_seconds:g}"], 1
+                    [
+                        *labels,
+                        "udp",
+                        f"{1 / loss.rate_pps:g}",
+                        str(loss.size_bytes),
+                        f"{loss.timeout_seconds:g}",
+                        str(loss.flows),
+                    ],
+                    1,
                 )
             tput = self.cfg.throughput_for(peer)
             if tput.enabled:
@@ -213,8 +229,9 @@ class Collector:
         }
         families = {k: _counter(f"pathprobe_udp_packets_{k}", docs[k], PEER) for k in UDP_COUNTS}
         jitter = _gauge(
-            "pathprobe_udp_jitter_seconds",
-            "Smoothed variation of successive UDP echo RTTs (RFC 3550 estimator, gain 1/16).",
+            "pathprobe_udp_rtt_variation_seconds",
+            "Smoothed variation of successive UDP echo round-trip times (RFC 3550's jitter estimator, gain "
+            "1/16, applied to RTTs: not the one-way jitter of pathprobe_throughput_udp_jitter_seconds).",
             PEER,
         )
         udp = dict(self.store.udp)
@@ -225,8 +242,40 @@ class Collector:
                     families[k].add_metric(peer_labels(peer), counts.get(k, 0))
         for name, value in dict(self.store.udp_jitter).items():
             jitter.add_metric(peer_labels(self.peers[name]), value)
+        forward = _counter(
+            "pathprobe_udp_packets_lost_forward",
+            "UDP echo packets lost on the way to the peer (the peer's responder never counted them).",
+            PEER,
+        )
+        reverse = _counter(
+            "pathprobe_udp_packets_lost_reverse",
+            "UDP echo packets the peer's responder counted whose echo never came back.",
+            PEER,
+        )
+        by_direction = dict(self.store.lost_by_direction)
+        worst = _gauge(
+            "pathprobe_udp_worst_flow_loss_ratio",
+            "Loss ratio of the worst of the echo probe's flows (source ports) over its last 32 packets.",
+            PEER,
+        )
+        worst_loss = dict(self.store.worst_flow_loss)
+        if self.cfg.probes.loss.enabled:
+            for peer in self.cfg.peers:
+                f, r = by_direction.get(peer.name, (0, 0))
+                forward.add_metric(peer_labels(peer), f)
+                reverse.add_metric(peer_labels(peer), r)
+                if peer.name in worst_loss:
+                    worst.add_metric(peer_labels(peer), worst_loss[peer.name])
+        failing = _gauge(
+            "pathprobe_probe_flows_failing",
+            "Flows (source ports) of a continuous probe whose recent probes mostly failed: one broken member of "
+            "an ECMP group fails some flows of a path and not others.",
+            [*PEER, "protocol"],
+        )
+        for (name, protocol), n in dict(self.store.flows_failing).items():
+            failing.add_metric([*peer_labels(self.peers[name]), protocol], n)
         yield from families.values()
-        yield jitter
+        yield from (jitter, forward, reverse, worst, failing)
 
     # --- outcomes of every probe
     def _probe_outcomes(self) -> Iterator[Metric]:
@@ -302,6 +351,13 @@ class Collector:
             "Client turns this host took in the schedule.",
             s.schedule_turns,
         )
+        if s.last_turn is not None:
+            yield _one(
+                GaugeMetricFamily,
+                "pathprobe_schedule_last_turn_timestamp_seconds",
+                "Unix time at which this host's last throughput turn began (its start, before the first).",
+                s.last_turn,
+            )
         errors = _counter(
             "pathprobe_schedule_turn_errors",
             "Throughput turns that ended on an unexpected error (logged), by exception type; the loop goes on.",

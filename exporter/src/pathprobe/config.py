@@ -87,19 +87,30 @@ class ScheduleSettings(Strict):
     timeout_margin_seconds: float = Field(default=5, ge=1)
 
 
+# Continuous probes spread over this many flows (source ports), so that they cross every
+# member of an ECMP group with high probability (8 flows over 4 paths miss one with p = 0.4%
+# ... over 2 paths with p = 0.8%); a peer's responder must accept that many connections
+# from one source (responders.rr_max_connections_per_source).
+FLOWS_DEFAULT, FLOWS_MAX = 8, 64
+
+
 class RttSettings(Strict):
     enabled: bool = True
     interval_seconds: float = Field(default=0.1, ge=0.001, le=60)
     size_bytes: int = Field(default=1, ge=1, le=65536)
     timeout_seconds: float = Field(default=1.0, gt=0, le=30)
+    # TCP connections, used in turn (each has its own source port).
+    flows: int = Field(default=FLOWS_DEFAULT, ge=1, le=FLOWS_MAX)
 
 
 class LossSettings(Strict):
     enabled: bool = True
     rate_pps: float = Field(default=10, gt=0, le=1000)
-    size_bytes: int = Field(default=64, ge=28, le=1400)  # 28: the echo header (echo.HEADER)
+    size_bytes: int = Field(default=64, ge=36, le=1400)  # 36: the echo header (wire.ECHO_HEADER)
     # A packet is lost only when no echo came within this time.
     timeout_seconds: float = Field(default=2.0, gt=0, le=30)
+    # UDP sockets, used in turn (each has its own source port).
+    flows: int = Field(default=FLOWS_DEFAULT, ge=1, le=FLOWS_MAX)
 
 
 class Limits(Strict):
@@ -160,7 +171,8 @@ class Responders(Strict):
     allow: list[IPvAnyNetwork] = []
     # Echo packets per second accepted from one source; more are dropped and counted.
     echo_max_pps_per_source: float = Field(default=2000, gt=0)
-    rr_max_connections_per_source: int = Field(default=4, ge=1)
+    # At least the peers' probes.rtt.flows.
+    rr_max_connections_per_source: int = Field(default=2 * FLOWS_DEFAULT, ge=1)
 
 
 class TlsSettings(Strict):

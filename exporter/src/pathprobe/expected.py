@@ -28,6 +28,9 @@ class RttWindow:
     def failure(self, reason: Reason) -> None:
         pass
 
+    def flows_failing(self, count: int) -> None:
+        pass
+
     def median(self) -> float | None:
         return statistics.median(self.samples) if len(self.samples) >= MIN_SAMPLES else None
 

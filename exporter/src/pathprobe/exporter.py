@@ -42,6 +42,7 @@ class Exporter:
             settings = cfg.throughput_for(peer)
             if settings.enabled:
                 self.tracker.rate_all(peer, settings.tests())
+                self.store.last_turn = clock()
 
     def load_state(self, peer: str, now: float) -> str:
         """RTT samples taken while this host or the peer may be in a throughput test sit

@@ -106,8 +106,13 @@ class Store:
     load_state: Callable[[str, float], str] = lambda peer, now: "idle"
     udp: dict[str, Counter[str]] = field(default_factory=dict)  # peer -> UDP_COUNTS
     udp_jitter: dict[str, float] = field(default_factory=dict)
+    flows_failing: dict[tuple[str, str], int] = field(default_factory=dict)  # peer, protocol
+    worst_flow_loss: dict[str, float] = field(default_factory=dict)  # peer (udp)
+    lost_by_direction: dict[str, tuple[int, int]] = field(default_factory=dict)  # peer -> forward, reverse
     responder_requests: Counter[tuple[str, str]] = field(default_factory=Counter)  # responder, result
     schedule_turns: int = 0
+    # When the last turn began (the exporter's start until the first): None when this host runs no throughput tests.
+    last_turn: float | None = None
     turn_errors: Counter[str] = field(default_factory=Counter)  # reason
     iperf3_server_up: bool = False
     iperf3_server_restarts: int = 0
@@ -163,6 +168,9 @@ class RttSink:
     def failure(self, reason: Reason) -> None:
         self.store.failure("rtt", self.peer, reason)
 
+    def flows_failing(self, count: int) -> None:
+        self.store.flows_failing[self.peer, "tcp"] = count
+
 
 class EchoSink:
     """UDP echo outcomes of one peer (probes.base.EchoSink)."""
@@ -198,3 +206,10 @@ class EchoSink:
 
     def failure(self, reason: Reason) -> None:
         self.store.failure("loss", self.peer, reason)
+
+    def flows_failing(self, count: int, worst_loss_ratio: float) -> None:
+        self.store.flows_failing[self.peer, "udp"] = count
+        self.store.worst_flow_loss[self.peer] = worst_loss_ratio
+
+    def lost_by_direction(self, forward: int, reverse: int) -> None:
+        self.store.lost_by_direction[self.peer] = (forward, reverse)

@@ -43,6 +43,7 @@ class ThroughputTurns:
             settings = self.cfg.throughput_for(peer)
             if settings.enabled:
                 self.store.schedule_turns += 1
+                self.store.last_turn = self.clock()
                 try:
                     await self.run_turn(peer, settings, turn.end)
                 except Exception as exc:

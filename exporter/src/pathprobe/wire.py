@@ -8,10 +8,13 @@ in the responder (from the kernel's receive timestamp to just before the answer 
 sent). The RTT is the network's part (see stamps.py).
 
 UDP echo: b"PPUE", sequence (u64), sender's wall clock (u64 ns), the responder's
-hold time (u64 ns, zero in the request), zero padding to the configured size. The
-responder returns the datagram with its hold time filled in, or a short b"PPUN" +
-sequence to a source it does not allow (never larger than the request, so it cannot
-amplify).
+hold time (u64 ns, zero in the request), the responder's count of requests received
+from this flow (source address and port) so far, this one included (u64, zero in the
+request; as STAMP's reflector counters, it splits loss by direction without clock
+sync), zero padding to the configured size. The responder returns the datagram with
+hold time and count filled in, or a short b"PPUN" + sequence to a source it does not
+allow (never larger than the request, so it cannot amplify). A responder that leaves
+the count at zero (an older version) only loses the per-direction split.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ RR_MAX_SIZE = 65536
 HOLD = struct.Struct("!Q")
 
 # --- UDP echo
-ECHO_HEADER = struct.Struct("!4sQQQ")
+ECHO_HEADER = struct.Struct("!4sQQQQ")
 ECHO_HOLD_OFFSET = 20
+ECHO_REFLECTED = struct.Struct("!QQ")  # hold time, received count: what the responder fills in
 ECHO_MAGIC = b"PPUE"
 ECHO_REFUSED = b"PPUN"
 ECHO_REFUSAL = struct.Struct("!4sQ")
@@ -60,8 +64,8 @@ def tune(sock: socket.socket) -> None:
     stamps.enable(sock)
 
 
-def echo_packet(seq: int, size: int, clock_ns: int, hold_ns: int = 0) -> bytes:
-    head = ECHO_HEADER.pack(ECHO_MAGIC, seq, clock_ns, hold_ns)
+def echo_packet(seq: int, size: int, clock_ns: int, hold_ns: int = 0, received: int = 0) -> bytes:
+    head = ECHO_HEADER.pack(ECHO_MAGIC, seq, clock_ns, hold_ns, received)
     return head + b"\x00" * max(0, size - len(head))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..alerts import Params
+from ..monitoring.params import Params
 from .topology import Topology, address, resolve
 
 METRICS_PORT = 9469

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from .. import alerts
+from ..monitoring import rules
 from . import net, topology
 from .configs import exporter_config, lab_alert_params, prometheus_config, rotation_seconds
 
@@ -72,7 +72,7 @@ def alertmanager_config(webhook_url: str) -> dict[str, Any]:
     """The project's routing when present (see alerts.webhook_routing), else everything to the webhook."""
     base = repo_dir("alerts")
     if base and (base / "alertmanager.yml").exists():
-        return alerts.webhook_routing((base / "alertmanager.yml").read_text(), webhook_url)
+        return rules.webhook_routing((base / "alertmanager.yml").read_text(), webhook_url)
     return {
         "route": {"receiver": "log", "group_by": ["alertname", "region"], "group_wait": "5s",
                   "group_interval": "10s", "repeat_interval": "1h"},
@@ -211,11 +211,11 @@ def start_exporters(topo: topology.Topology, work: Path, slot_seconds: float) ->
 
 def start_monitoring(topo: topology.Topology, work: Path, prom_port: int, am_port: int,
                      slot_seconds: float, webhook_port: int = WEBHOOK_PORT) -> tuple[str, str]:  # fmt: skip
-    rules = work / "pathprobe.rules.yml"
-    rules.write_text(alerts.dump(lab_alert_params(rotation_seconds(topo, slot_seconds))))
+    rule_file = work / "pathprobe.rules.yml"
+    rule_file.write_text(rules.dump(lab_alert_params(rotation_seconds(topo, slot_seconds))))
     am_addr = f"127.0.0.1:{am_port}"
     (work / "prometheus.yml").write_text(
-        yaml.safe_dump(prometheus_config(topo, [str(rules)], am_addr), sort_keys=False)
+        yaml.safe_dump(prometheus_config(topo, [str(rule_file)], am_addr), sort_keys=False)
     )
     (work / "alertmanager.yml").write_text(
         yaml.safe_dump(alertmanager_config(f"http://127.0.0.1:{webhook_port}/alerts"), sort_keys=False)

@@ -1,55 +1,30 @@
-"""Prometheus recording and alerting rules, rendered from documented parameters.
+"""Prometheus recording and alerting rules, rendered from the parameters (params.py).
 
-As the monitoring mixins do, thresholds and windows live in one parameter set
-(`Params`, overridable from a YAML file) instead of being buried in expressions;
-`pathprobe alerts render` writes the rule file. alerts/pathprobe.rules.yml is the
-rendering of the defaults (a test keeps them equal); the lab demo renders
-short windows so that a fire drill takes minutes.
+As the monitoring mixins do, thresholds and windows live in one parameter set instead
+of being buried in expressions; `pathprobe alerts render` writes the rule file.
+alerts/pathprobe.rules.yml is the rendering of the defaults (a test keeps them equal);
+the lab demo renders short windows so that a fire drill takes minutes.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field
 
-from . import yamlfile
-from .config import Strict
+from .params import Params
+
+# The binding limit of the test an alert is about, looked up when it fires (it is not a label
+# of the alert: see the ratio's recording rule).
+BINDING = (
+    "{{ with printf \"pathprobe_throughput_expected_bytes_per_second{instance='%s',peer='%s',protocol='%s',"
+    "streams='%s',direction='%s'}\" $labels.instance $labels.peer $labels.protocol $labels.streams "
+    '$labels.direction | query }}{{ . | first | label "limit" }}{{ end }}'
+)
 
 # Labels that identify one measured path on one exporter (target labels + peer side).
 PATH = "instance, peer"
 TEST = "instance, peer, protocol, streams, direction"
-
-
-class Params(Strict):
-    """Every threshold and window of the rules; the defaults suit production meshes."""
-
-    runbook_url: str = Field(default="https://github.com/pathprobe/pathprobe/blob/main/alerts/runbook.md",
-                             description="the runbook; each alert links to its section")  # fmt: skip
-    job: str = Field(default="pathprobe", description="the scrape job of the exporters")
-    throughput_ratio_warning: float = Field(default=0.8, gt=0, le=1, description="share of expected, warning")
-    throughput_ratio_critical: float = Field(default=0.5, gt=0, le=1, description="share of expected, critical")
-    throughput_window: str = Field(default="2h", description="every test in this window is below (>= 2 rotations)")
-    tgw_utilisation_warning: float = Field(default=0.8, gt=0, le=1, description="share of the TGW attachment limit")
-    rtt_baseline_ratio: float = Field(default=1.5, gt=1, description="30-minute RTT p50 against the 7-day p50")
-    rtt_baseline_min_increase_seconds: float = Field(default=0.002, ge=0, description="ignore smaller increases")
-    rtt_recent_window: str = Field(default="30m", description="the 'now' of the RTT baseline comparison")
-    rtt_baseline_window: str = Field(default="7d", description="the baseline of the RTT comparison")
-    rtt_for: str = Field(default="15m")
-    loss_ratio_warning: float = Field(default=0.01, gt=0, lt=1)
-    loss_ratio_critical: float = Field(default=0.05, gt=0, lt=1)
-    loss_window: str = Field(default="10m")
-    loss_for: str = Field(default="10m")
-    unreachable_window: str = Field(default="5m")
-    unreachable_for: str = Field(default="5m")
-    stale_rotations: float = Field(default=3, gt=1, description="no successful test in this many rotations")
-    exporter_down_for: str = Field(default="5m")
-    budget_for: str = Field(default="15m")
-    refused_window: str = Field(default="15m")
-    schedule_mismatch_for: str = Field(default="30m")
-    evaluation_interval: str = Field(default="1m", description="of the rule groups (the 7-day one runs at 5m)")
 
 
 def _alert(name: str, expr: str, severity: str, summary: str, description: str, p: Params,
@@ -67,7 +42,7 @@ def _alert(name: str, expr: str, severity: str, summary: str, description: str, 
 
 
 def render(p: Params) -> dict[str, Any]:
-    sel = f'job="{p.job}"'
+    sel = p.selector
     path_text = "{{ $labels.host }} ({{ $labels.region }}) -> {{ $labels.peer }} ({{ $labels.peer_region }})"
     test_text = path_text + " {{ $labels.protocol }} x{{ $labels.streams }} {{ $labels.direction }}"
     recording = [
@@ -75,23 +50,26 @@ def render(p: Params) -> dict[str, Any]:
          "expr": f"pathprobe_throughput_bytes_per_second{{{sel}}} * 8"},
         {"record": "path:pathprobe_throughput_expected_bits_per_second:last",
          "expr": f"pathprobe_throughput_expected_bytes_per_second{{{sel}}} * 8"},
+        # The binding limit is not part of a path's identity: a change of it must not restart `for:`.
         {"record": "path:pathprobe_throughput_expected_ratio:last",
          "expr": f"pathprobe_throughput_bytes_per_second{{{sel}}}\n"
-                 f"  / ignoring (limit) group_right ()\n"
+                 f"  / ignoring (limit)\n"
                  f"pathprobe_throughput_expected_bytes_per_second{{{sel}}}"},
         {"record": "path:pathprobe_udp_loss_ratio:rate5m",
          "expr": f"rate(pathprobe_udp_packets_lost_total{{{sel}}}[5m])\n"
                  f"  / rate(pathprobe_udp_packets_sent_total{{{sel}}}[5m])"},
+        # RTT quantiles come exact from the exporter (a 5-minute sliding window, idle samples only).
         {"record": "path:pathprobe_rtt_seconds:p50_5m",
-         "expr": f"histogram_quantile(0.5, rate(pathprobe_rtt_seconds_bucket{{{sel}}}[5m]))"},
+         "expr": f'max without (quantile, state) (pathprobe_rtt_seconds{{{sel}, state="idle", quantile="0.5"}})'},
         {"record": "path:pathprobe_rtt_seconds:p99_5m",
-         "expr": f"histogram_quantile(0.99, rate(pathprobe_rtt_seconds_bucket{{{sel}}}[5m]))"},
+         "expr": f'max without (quantile, state) (pathprobe_rtt_seconds{{{sel}, state="idle", quantile="0.99"}})'},
         {"record": f"path:pathprobe_rtt_seconds:p50_{p.rtt_recent_window}",
-         "expr": f"histogram_quantile(0.5, rate(pathprobe_rtt_seconds_bucket{{{sel}}}[{p.rtt_recent_window}]))"},
+         "expr": f"quantile_over_time(0.5, path:pathprobe_rtt_seconds:p50_5m[{p.rtt_recent_window}])"},
     ]  # fmt: skip
     baseline = [
         {"record": f"path:pathprobe_rtt_seconds:p50_{p.rtt_baseline_window}",
-         "expr": f"histogram_quantile(0.5, rate(pathprobe_rtt_seconds_bucket{{{sel}}}[{p.rtt_baseline_window}]))"},
+         # A 30-minute step: the median over days needs no finer grain, and a query stays small.
+         "expr": f"quantile_over_time(0.5, path:pathprobe_rtt_seconds:p50_5m[{p.rtt_baseline_window}:30m])"},
     ]  # fmt: skip
     ratio = "path:pathprobe_throughput_expected_ratio:last"
     two_tests = (f"and on ({TEST})\nchanges(pathprobe_throughput_last_test_timestamp_seconds{{{sel}}}"
@@ -106,14 +84,15 @@ def render(p: Params) -> dict[str, Any]:
                f"max_over_time({ratio}[{p.throughput_window}]) < {p.throughput_ratio_warning:g}\n{two_tests}",
                "warning", "Path throughput below its expected limit.",
                f"{test_text}: every test in the last {p.throughput_window} reached at most "
-               "{{ $value | humanizePercentage }} of expected (binding limit: {{ $labels.limit }}).", p),
+               "{{ $value | humanizePercentage }} of expected (binding limit: " + BINDING + ").", p),
         _alert("PathprobeThroughputFarBelowExpected",
                f"max_over_time({ratio}[{p.throughput_window}]) < {p.throughput_ratio_critical:g}\n{two_tests}",
                "critical", "Path throughput far below its expected limit.",
                f"{test_text}: every test in the last {p.throughput_window} reached at most "
-               "{{ $value | humanizePercentage }} of expected (binding limit: {{ $labels.limit }}).", p),
+               "{{ $value | humanizePercentage }} of expected (binding limit: " + BINDING + ").", p),
         _alert("PathprobeTransitGatewayNearLimit",
-               f'{ratio}{{path_class="transit_gateway", limit="transit_gateway"}} > {p.tgw_utilisation_warning:g}',
+               f'{ratio}{{path_class="transit_gateway"}} > {p.tgw_utilisation_warning:g}\n'
+               f'and ignoring (limit) pathprobe_throughput_expected_bytes_per_second{{{sel}, limit="transit_gateway"}}',
                "warning", "A Transit Gateway path runs near its attachment limit.",
                f"{test_text} reached {{{{ $value | humanizePercentage }}}} of the Transit Gateway attachment limit: "
                "plan capacity (more attachments, or VPC peering).", p),
@@ -144,6 +123,14 @@ def render(p: Params) -> dict[str, Any]:
                "critical", "Heavy packet loss on a path.",
                f"{path_text} loses {{{{ $value | humanizePercentage }}}} of UDP echo packets over {p.loss_window}.",
                p, p.loss_for),
+        _alert("PathprobePathPartiallyFailing",
+               f"pathprobe_probe_flows_failing{{{sel}}} > 0\n"
+               f"and on ({PATH}) sum by ({PATH}) (increase(pathprobe_probe_runs_total{{{sel}, result=\"ok\"}}"
+               f"[{p.loss_window}])) > 0",
+               "warning", "Some flows of a path fail while others pass (an ECMP member path).",
+               f"{path_text}: {{{{ $value }}}} {{{{ $labels.protocol }}}} probe flows (source ports) fail while the "
+               "others pass: one member of an ECMP group, or a stateful device on one 5-tuple, is broken. The "
+               "path's total loss understates it.", p, p.partial_failure_for),
         _alert("PathprobePeerUnreachable",
                f'sum by ({PATH}, host, region) (increase(pathprobe_probe_runs_total{{{sel}, probe="rtt", '
                f'result="ok"}}[{p.unreachable_window}])) == 0\nand on ({PATH})\n'
@@ -162,11 +149,22 @@ def render(p: Params) -> dict[str, Any]:
                "{{ $labels.host }} ({{ $labels.region }}) -> {{ $labels.peer }}: no successful throughput test in "
                f"{p.stale_rotations:g} rotations of the schedule; "
                "the dashboards show old numbers.", p),
+        _alert("PathprobeThroughputTurnsStopped",
+               f"(time() - pathprobe_schedule_last_turn_timestamp_seconds{{{sel}}}) > {rotations}\n"
+               f"and on (instance) (time() - process_start_time_seconds{{{sel}}}) > {rotations}",
+               "warning", "An exporter takes no throughput turns.",
+               "{{ $labels.host }} ({{ $labels.region }}) has taken no throughput turn in "
+               f"{p.stale_rotations:g} rotations of the schedule: its throughput loop is stuck; see its log.", p),
+        _alert("PathprobeThroughputTurnErrors",
+               f"increase(pathprobe_schedule_turn_errors_total{{{sel}}}[{p.turn_errors_window}]) > 0",
+               "warning", "Throughput turns fail on an unexpected error.",
+               "{{ $labels.host }} ({{ $labels.region }}): {{ $value | humanize }} throughput turns ended on "
+               f"{{{{ $labels.reason }}}} in {p.turn_errors_window} (the loop goes on; the log has the traceback).", p),
         _alert("PathprobeExporterDown", f"up{{{sel}}} == 0", "critical", "A pathprobe exporter is down.",
                "{{ $labels.host }} ({{ $labels.region }}) cannot be scraped: its paths are not measured and its "
                "peers' probes to it fail.", p, p.exporter_down_for),
         _alert("PathprobeExporterAbsent", f"absent(up{{{sel}}})", "critical", "No pathprobe exporter is scraped.",
-               f'Prometheus has no target of job "{p.job}": check service discovery.', p, p.exporter_down_for),
+               f"Prometheus has no target matching {p.selector}: check service discovery.", p, p.exporter_down_for),
         _alert("PathprobeBudgetExhausted", f"pathprobe_budget_remaining_bytes{{{sel}}} == 0", "warning",
                "Throughput byte budget exhausted.",
                "{{ $labels.host }} has spent its daily byte budget: throughput tests stop until "
@@ -194,7 +192,7 @@ def render(p: Params) -> dict[str, Any]:
 
 HEADER = """\
 # Generated by `pathprobe alerts render` from the parameters in
-# exporter/src/pathprobe/alerts.py (documented in alerts/README.md). Do not edit:
+# exporter/src/pathprobe/monitoring/params.py (documented in alerts/README.md). Do not edit:
 # change the parameters (a YAML file for --params) and render again.
 """
 
@@ -232,7 +230,3 @@ WEBHOOK_HEADER = """\
 # Generated by `pathprobe alerts webhook-routing --url {url}` from alerts/alertmanager.yml:
 # the same routing and inhibition, every receiver a webhook to the alert log. Do not edit.
 """
-
-
-def load_params(path: str | Path | None) -> Params:
-    return Params() if path is None else yamlfile.load_model(path, Params)

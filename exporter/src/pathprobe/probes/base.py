@@ -10,6 +10,7 @@ one test and returns its result or raises `ProbeFailure` with the reason.
 from __future__ import annotations
 
 import errno
+from collections import deque
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -53,6 +54,7 @@ class RttSink(Protocol):
 
     def rtt(self, seconds: float) -> None: ...
     def failure(self, reason: Reason) -> None: ...
+    def flows_failing(self, count: int) -> None: ...
 
 
 class EchoSink(Protocol):
@@ -66,6 +68,8 @@ class EchoSink(Protocol):
     def late(self) -> None: ...
     def jitter(self, seconds: float) -> None: ...
     def failure(self, reason: Reason) -> None: ...
+    def flows_failing(self, count: int, worst_loss_ratio: float) -> None: ...
+    def lost_by_direction(self, forward: int, reverse: int) -> None: ...
 
 
 class RttTee:
@@ -81,3 +85,26 @@ class RttTee:
     def failure(self, reason: Reason) -> None:
         for s in self.sinks:
             s.failure(reason)
+
+    def flows_failing(self, count: int) -> None:
+        for s in self.sinks:
+            s.flows_failing(count)
+
+
+class FlowHealth:
+    """Recent outcomes of one flow (one source port): a flow whose recent probes are
+    mostly lost is failing, which one broken member of an ECMP group looks like."""
+
+    RECENT, MIN_OUTCOMES, FAILING_RATIO = 32, 4, 0.5
+
+    def __init__(self) -> None:
+        self.outcomes: deque[bool] = deque(maxlen=self.RECENT)  # True: lost
+
+    def record(self, lost: bool) -> None:
+        self.outcomes.append(lost)
+
+    def loss_ratio(self) -> float:
+        return sum(self.outcomes) / len(self.outcomes) if self.outcomes else 0.0
+
+    def failing(self) -> bool:
+        return len(self.outcomes) >= self.MIN_OUTCOMES and self.loss_ratio() >= self.FAILING_RATIO

@@ -5,6 +5,13 @@ A packet counts as lost only when no echo came within the timeout; an echo that
 arrives after that counts as late, a second echo of the same packet as a duplicate,
 an echo older than the newest one seen as reordered. A packet answered by an ICMP
 error (port or host unreachable) counts as a failure with that reason, not as lost.
+
+Packets go out over `flows` sockets in turn, each with its own source port, so that
+they take every member path of an ECMP group; each flow's recent loss is kept apart
+(FlowHealth), and a path with one failing flow shows as partially failed. The
+responder's count of requests received on a flow splits its loss by direction: of the
+first n packets of a flow (n: the newest one answered), n - received were lost on the
+way there, received - answered (less those still in flight) on the way back.
 """
 
 from __future__ import annotations
@@ -16,17 +23,34 @@ from collections import OrderedDict
 
 from .. import stamps, wire
 from ..config import LossSettings
-from .base import BACKOFF_SECONDS, EchoSink, Target, reason_of_oserror
+from .base import BACKOFF_SECONDS, EchoSink, FlowHealth, Target, reason_of_oserror
 
+ACCOUNT_EVERY_SECONDS = 1.0
 # Jitter gain of RFC 3550 (interarrival jitter), applied to successive RTTs.
 JITTER_GAIN = 1 / 16
+
+
+class _Flow:
+    """One source port's packets: counts for the per-direction split, and its health."""
+
+    def __init__(self) -> None:
+        self.sent = 0  # packets sent on this flow
+        self.answered = 0  # of them, echoed (in time or late)
+        self.newest = 0  # the highest flow index (1-based) echoed so far
+        self.reflected = 0  # the responder's received count in that echo
+        self.health = FlowHealth()
 
 
 class EchoProber:
     def __init__(self, target: Target, settings: LossSettings, sink: EchoSink):
         self.target, self.settings, self.sink = target, settings, sink
         self._seq = 0
-        self._outstanding: OrderedDict[int, float] = OrderedDict()  # seq -> send time, in send order
+        # seq -> (send time, flow, the packet's 1-based index in its flow), in send order
+        self._outstanding: OrderedDict[int, tuple[float, int, int]] = OrderedDict()
+        self._flows = [_Flow() for _ in range(settings.flows)]
+        self._index: dict[int, tuple[int, int]] = {}  # recent seq -> (flow, index), for late echoes
+        self._by_direction = (0, 0)
+        self._accounted = -ACCOUNT_EVERY_SECONDS
         self._answered: OrderedDict[int, None] = OrderedDict()  # recent seqs, for duplicates
         self._expired: OrderedDict[int, None] = OrderedDict()  # recent lost seqs, for late echoes
         self._newest = -1
@@ -41,7 +65,7 @@ class EchoProber:
                 data, ancdata, _, addr = sock.recvmsg(2048, stamps.CMSG_SPACE)
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # an ICMP error on the connected socket: it answers the oldest packet
+            except OSError as exc:  # an ICMP error on a connected socket: it answers the oldest packet
                 if self._outstanding:
                     self._outstanding.popitem(last=False)
                 self.sink.failure(reason_of_oserror(exc))
@@ -58,14 +82,19 @@ class EchoProber:
             return
         if data[:4] != wire.ECHO_MAGIC or len(data) < wire.ECHO_HEADER.size:
             return
-        _, seq, sent_ns, hold_ns = wire.ECHO_HEADER.unpack_from(data)
-        sent_at = self._outstanding.pop(seq, None)
-        if sent_at is None:
+        _, seq, sent_ns, hold_ns, reflected = wire.ECHO_HEADER.unpack_from(data)
+        outstanding = self._outstanding.pop(seq, None)
+        if outstanding is None:
             if seq in self._answered:
                 self.sink.duplicate()
             elif seq in self._expired:
                 self.sink.late()
+                if seq in self._index:
+                    self._echoed(*self._index[seq], reflected)
             return
+        sent_at, flow, index = outstanding
+        self._flows[flow].health.record(lost=False)
+        self._echoed(flow, index, reflected)
         rtt = stamps.network_rtt(sent_ns, arrived_ns, now - sent_at, hold_ns)
         if seq < self._newest:
             self.sink.reordered()
@@ -77,6 +106,35 @@ class EchoProber:
         self._last_rtt = rtt
         self.sink.received(rtt)
 
+    def _echoed(self, flow: int, index: int, reflected: int) -> None:
+        f = self._flows[flow]
+        f.answered += 1
+        if reflected and index > f.newest:  # zero: a responder that does not count
+            f.newest, f.reflected = index, reflected
+        self._account()
+
+    def _account(self, force: bool = False) -> None:
+        """Lost packets by direction and the flows' health, to the sink (totals: the split
+        of a packet is known only once a later echo on its flow reports the responder's count).
+        At most once a second: it walks the packets in flight."""
+        now = time.perf_counter()
+        if not force and now - self._accounted < ACCOUNT_EVERY_SECONDS:
+            return
+        self._accounted = now
+        forward = reverse = 0
+        for i, f in enumerate(self._flows):
+            if not f.newest:
+                continue
+            in_flight = sum(1 for _, flow, n in self._outstanding.values() if flow == i and n < f.newest)
+            forward += max(0, f.newest - f.reflected)
+            reverse += max(0, f.reflected - f.answered - in_flight)
+        # Never backwards (a packet reordered past a later one can lower the estimate by one).
+        self._by_direction = (max(forward, self._by_direction[0]), max(reverse, self._by_direction[1]))
+        self.sink.lost_by_direction(*self._by_direction)
+        self.sink.flows_failing(
+            sum(f.health.failing() for f in self._flows), max(f.health.loss_ratio() for f in self._flows)
+        )
+
     # --- sending and expiry
     def _remember(self, table: OrderedDict[int, None], seq: int) -> None:
         table[seq] = None
@@ -84,37 +142,58 @@ class EchoProber:
             table.popitem(last=False)
 
     def _expire(self, now: float, everything: bool = False) -> None:
+        expired = False
         while self._outstanding:
-            seq, sent_at = next(iter(self._outstanding.items()))
+            seq, (sent_at, flow, _) = next(iter(self._outstanding.items()))
             if not everything and now - sent_at < self.settings.timeout_seconds:
                 break
             del self._outstanding[seq]
             self._remember(self._expired, seq)
+            self._flows[flow].health.record(lost=True)
             self.sink.lost()
+            expired = True
+        if expired:
+            self._account(force=everything)
 
-    def _open(self) -> socket.socket | None:
+    def track(self, seq: int, now: float) -> int:
+        """Note packet `seq` as sent at `now` (perf_counter); returns its flow."""
+        flow = seq % len(self._flows)
+        f = self._flows[flow]
+        f.sent += 1
+        self._outstanding[seq] = (now, flow, f.sent)
+        self._index[seq] = (flow, f.sent)
+        self._index.pop(seq - self._memory, None)
+        return flow
+
+    def _open(self) -> list[socket.socket] | None:
+        """One connected socket per flow (the kernel gives each its own source port)."""
         t = self.target
-        sock = socket.socket(wire.socket_family(t.address), socket.SOCK_DGRAM)
+        socks: list[socket.socket] = []
         try:
-            sock.setblocking(False)
-            stamps.enable(sock)
-            sock.connect((t.address, t.port))
+            for _ in range(self.settings.flows):
+                sock = socket.socket(wire.socket_family(t.address), socket.SOCK_DGRAM)
+                socks.append(sock)
+                sock.setblocking(False)
+                stamps.enable(sock)
+                sock.connect((t.address, t.port))
         except OSError as exc:
-            sock.close()
+            for sock in socks:
+                sock.close()
             self.sink.failure(reason_of_oserror(exc))
             return None
-        return sock
+        return socks
 
     async def run(self, count: int | None = None) -> None:
         """Send `count` packets (forever when None) at the configured rate. Never raises:
         a socket that cannot be opened (e.g. no route yet) is reported, then retried
         after a back-off; a one-shot run (`count`) then ends."""
         loop = asyncio.get_running_loop()
-        while (sock := self._open()) is None:
+        while (socks := self._open()) is None:
             if count is not None:
                 return
             await asyncio.sleep(BACKOFF_SECONDS)
-        loop.add_reader(sock.fileno(), self._read, sock)
+        for sock in socks:
+            loop.add_reader(sock.fileno(), self._read, sock)
         size = self.settings.size_bytes
         try:
             interval = 1 / self.settings.rate_pps
@@ -124,9 +203,9 @@ class EchoProber:
                 due = max(due + interval, loop.time() - 1.0)  # catch up a little, never a burst
                 now = time.perf_counter()
                 self._expire(now)
-                self._outstanding[self._seq] = now
+                flow = self.track(self._seq, now)
                 try:
-                    sock.send(wire.echo_packet(self._seq, size, time.time_ns()))
+                    socks[flow].send(wire.echo_packet(self._seq, size, time.time_ns()))
                 except BlockingIOError:
                     pass  # a full send buffer drops the packet: it counts as lost
                 except OSError as exc:
@@ -140,5 +219,6 @@ class EchoProber:
                 await asyncio.sleep(min(0.05, self.settings.timeout_seconds))
             self._expire(time.perf_counter(), everything=True)
         finally:
-            loop.remove_reader(sock.fileno())
-            sock.close()
+            for sock in socks:
+                loop.remove_reader(sock.fileno())
+                sock.close()

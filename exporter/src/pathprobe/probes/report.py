@@ -52,6 +52,10 @@ class RttReport:
     reordered: int = 0
     late: int = 0
     jitter_seconds: float = 0.0
+    flows_failing: int = 0
+    worst_flow_loss_ratio: float = 0.0
+    lost_forward: int = 0
+    lost_reverse: int = 0
     rtts: list[float] = field(default_factory=list)
     failures: dict[str, int] = field(default_factory=dict)
 
@@ -69,6 +73,10 @@ class RttReport:
             "reordered": self.reordered,
             "late": self.late,
             "jitter_seconds": self.jitter_seconds,
+            "flows_failing": self.flows_failing,
+            "worst_flow_loss_ratio": self.worst_flow_loss_ratio,
+            "lost_forward": self.lost_forward,
+            "lost_reverse": self.lost_reverse,
             "rtt_seconds": asdict(summary) if summary else None,
             "failures": self.failures,
         }
@@ -105,6 +113,12 @@ class ReportSink:
 
     def jitter(self, seconds: float) -> None:
         self.r.jitter_seconds = seconds
+
+    def flows_failing(self, count: int, worst_loss_ratio: float = 0.0) -> None:
+        self.r.flows_failing, self.r.worst_flow_loss_ratio = count, worst_loss_ratio
+
+    def lost_by_direction(self, forward: int, reverse: int) -> None:
+        self.r.lost_forward, self.r.lost_reverse = forward, reverse
 
     def failure(self, reason: Reason) -> None:
         self.r.failures[reason] = self.r.failures.get(reason, 0) + 1

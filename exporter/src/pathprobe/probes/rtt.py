@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from .. import stamps, wire
 from ..config import RttSettings
-from .base import BACKOFF_SECONDS, ProbeFailure, RttSink, Target, reason_of_oserror
+from .base import BACKOFF_SECONDS, FlowHealth, ProbeFailure, RttSink, Target, reason_of_oserror
 
 
 class RttProber:
@@ -23,30 +23,47 @@ class RttProber:
         self._payload = b"\x00" * settings.size_bytes
 
     async def run(self, count: int | None = None) -> None:
-        """Probe `count` times (forever when None), keeping one connection open.
-        Never raises: every failure goes to the sink, then the prober backs off."""
+        """Probe `count` times (forever when None) at the configured interval, over
+        `flows` persistent connections in turn (each its own source port, so that
+        the probes cross every member of an ECMP group). Never raises: every failure
+        goes to the sink, and that connection backs off before it is tried again."""
         loop = asyncio.get_running_loop()
         interval = self.settings.interval_seconds
-        done = 0
+        flows = self.settings.flows
+        conns: list[wire.Connection | None] = [None] * flows
+        health = [FlowHealth() for _ in range(flows)]
+        retry_at = [0.0] * flows
+        done = turn = 0
         due = loop.time()
-        conn: wire.Connection | None = None
         try:
             while count is None or done < count:
                 await asyncio.sleep(max(0.0, due - loop.time()))
                 # Keep a fixed cadence; after a stall, skip ahead instead of bursting.
                 due = max(due + interval, loop.time())
+                ready = [f for f in range(flows) if retry_at[f] <= loop.time()]
+                if not ready:
+                    due = max(due, min(retry_at))
+                    continue
+                flow = min(ready, key=lambda f: (f - turn) % flows)  # the next in turn that may go
+                turn = flow + 1
                 try:
-                    if conn is None:
-                        conn = await self._connect()
+                    if conns[flow] is None:
+                        conns[flow] = await self._connect()
+                    conn = conns[flow]
+                    assert conn is not None
                     self.sink.rtt(await self._exchange(conn))
+                    health[flow].record(lost=False)
                 except ProbeFailure as exc:
                     self.sink.failure(exc.reason)
-                    _close(conn)
-                    conn = None
-                    due = max(due, loop.time() + BACKOFF_SECONDS)
+                    health[flow].record(lost=True)
+                    _close(conns[flow])
+                    conns[flow] = None
+                    retry_at[flow] = loop.time() + BACKOFF_SECONDS
+                self.sink.flows_failing(sum(h.failing() for h in health))
                 done += 1
         finally:
-            _close(conn)
+            for conn in conns:
+                _close(conn)
 
     @contextlib.contextmanager
     def _failures(self, what: str) -> Iterator[None]:

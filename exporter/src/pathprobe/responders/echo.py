@@ -7,12 +7,15 @@ import asyncio
 import contextlib
 import socket
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 
 from .. import stamps, wire
 from ..allow import AllowList
 from .base import listen_error
 
+# Flows whose received counts are kept (the oldest is forgotten first).
+MAX_FLOWS = 65536
 # Room for bursts from many peers in the one kernel queue (capped by net.core.rmem_max).
 RECEIVE_BUFFER_BYTES = 4 * 2**20
 
@@ -23,6 +26,7 @@ class EchoResponder:
         self.max_pps = max_pps_per_source
         self.count = count
         self._buckets: dict[str, tuple[float, float]] = {}  # source -> (tokens, last refill)
+        self._received: OrderedDict[tuple[str, int], int] = OrderedDict()  # flow -> requests received
         self._sock: socket.socket | None = None
         self._pktinfo: list[tuple[int, int, bytes]] = []
 
@@ -40,10 +44,15 @@ class EchoResponder:
             self.count("rate_limited")
             return
         self.count("accepted")
+        flow = (addr[0], addr[1])
+        received = self._received.pop(flow, 0) + 1
+        self._received[flow] = received  # most recent last: the oldest flow goes first when full
+        if len(self._received) > MAX_FLOWS:
+            self._received.popitem(last=False)
         # Taken last, so that the hold covers everything but the send itself.
         hold = max(0, time.time_ns() - (arrived_ns or time.time_ns()))
-        offset = wire.ECHO_HOLD_OFFSET
-        self.sendto(data[:offset] + wire.HOLD.pack(hold) + data[offset + wire.HOLD.size :], addr)
+        start, end = wire.ECHO_HOLD_OFFSET, wire.ECHO_HOLD_OFFSET + wire.ECHO_REFLECTED.size
+        self.sendto(data[:start] + wire.ECHO_REFLECTED.pack(hold, received) + data[end:], addr)
 
     def sendto(self, data: bytes, addr: tuple[str, int]) -> None:
         """Reply from the address the request was sent to (IP_PKTINFO): a host with several

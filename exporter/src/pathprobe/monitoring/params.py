@@ -1,0 +1,49 @@
+"""The one parameter object of pathprobe's rules AND dashboards (as node-mixin's
+config.libsonnet): the selector of the exporters' series, every threshold and window.
+Rules (`pathprobe alerts render --params FILE`), dashboards (`dashboards/generate.py
+--params FILE`) and the Ansible monitoring play (`monitoring_alert_params`) read the same
+YAML, so a threshold changed once changes the alert and the colour that shows it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from .. import yamlfile
+from ..config import Strict
+
+
+class Params(Strict):
+    """Every threshold and window of the rules; the defaults suit production meshes."""
+
+    runbook_url: str = Field(default="https://github.com/pathprobe/pathprobe/blob/main/alerts/runbook.md",
+                             description="the runbook; each alert links to its section")  # fmt: skip
+    selector: str = Field(default='job="pathprobe"', description="label matchers of the exporters' series")
+    throughput_ratio_warning: float = Field(default=0.8, gt=0, le=1, description="share of expected, warning")
+    throughput_ratio_critical: float = Field(default=0.5, gt=0, le=1, description="share of expected, critical")
+    throughput_window: str = Field(default="2h", description="every test in this window is below (>= 2 rotations)")
+    tgw_utilisation_warning: float = Field(default=0.8, gt=0, le=1, description="share of the TGW attachment limit")
+    rtt_baseline_ratio: float = Field(default=1.5, gt=1, description="30-minute RTT p50 against the 7-day p50")
+    rtt_baseline_min_increase_seconds: float = Field(default=0.002, ge=0, description="ignore smaller increases")
+    rtt_recent_window: str = Field(default="30m", description="the 'now' of the RTT baseline comparison")
+    rtt_baseline_window: str = Field(default="7d", description="the baseline of the RTT comparison")
+    rtt_for: str = Field(default="15m")
+    loss_ratio_warning: float = Field(default=0.01, gt=0, lt=1)
+    loss_ratio_critical: float = Field(default=0.05, gt=0, lt=1)
+    loss_window: str = Field(default="10m")
+    loss_for: str = Field(default="10m")
+    partial_failure_for: str = Field(default="5m", description="some flows of a path fail, others not")
+    unreachable_window: str = Field(default="5m")
+    unreachable_for: str = Field(default="5m")
+    stale_rotations: float = Field(default=3, gt=1, description="no successful test (or turn) in this many rotations")
+    turn_errors_window: str = Field(default="1h", description="throughput turns that failed on an unexpected error")
+    exporter_down_for: str = Field(default="5m")
+    budget_for: str = Field(default="15m")
+    refused_window: str = Field(default="15m")
+    schedule_mismatch_for: str = Field(default="30m")
+    evaluation_interval: str = Field(default="1m", description="of the rule groups (the 7-day one runs at 5m)")
+
+
+def load_params(path: str | Path | None) -> Params:
+    return Params() if path is None else yamlfile.load_model(path, Params)
