@@ -6,8 +6,8 @@ import socket
 import pytest
 
 from pathprobe.allow import AllowList
-from pathprobe.config import LossSettings, RttSettings
-from pathprobe.probes import EchoProber, RttProber, Target
+from pathprobe.config import LossSettings, MtuSettings, RttSettings
+from pathprobe.probes import EchoProber, MtuProber, RttProber, Target
 from pathprobe.probes.report import ReportSink, RttReport
 from pathprobe.responders.echo import EchoResponder
 from pathprobe.responders.rr import RrResponder
@@ -127,3 +127,25 @@ def test_both_probes_work_over_ipv4_and_ipv6(address: str) -> None:
     tcp, udp = asyncio.run(scenario())
     assert (tcp.received, udp.received, udp.lost) == (10, 10, 0)
     assert all(0 < rtt < 0.05 for rtt in tcp.rtts + udp.rtts)
+
+
+def test_the_mtu_prober_sees_sizes_carried_over_loopback() -> None:
+    class Outcomes:
+        def __init__(self) -> None:
+            self.seen: list[tuple[int, bool, str | None]] = []
+
+        def mtu(self, size: int, carried: bool, reason: str | None) -> None:
+            self.seen.append((size, carried, reason))
+
+    async def scenario() -> list[tuple[int, bool, str | None]]:
+        echo = EchoResponder(AllowList(["127.0.0.0/8"]), 1000, lambda _: None)
+        await echo.start("127.0.0.1", 0)
+        out = Outcomes()
+        settings = MtuSettings(interval_seconds=1, timeout_seconds=1.0)
+        await MtuProber(Target("127.0.0.1", echo.sockname()[1]), settings, [1500, 9001], out).run(rounds=1)
+        closed = MtuProber(Target("127.0.0.1", 9), settings, [1500], out)  # nothing listens: refused
+        await closed.run(rounds=1)
+        echo.close()
+        return out.seen
+
+    assert asyncio.run(scenario()) == [(1500, True, None), (9001, True, None), (1500, False, "refused")]

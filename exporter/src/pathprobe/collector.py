@@ -25,7 +25,7 @@ from .store import RELATIVE_ACCURACY, UDP_COUNTS, WINDOW_SECONDS, Store
 
 PEER = ["peer", "peer_region", "path_class"]
 TEST = [*PEER, "protocol", "streams", "direction"]
-PROBES = ("throughput", "rtt", "loss")
+PROBES = ("throughput", "rtt", "loss", "mtu")
 CACHED = "Results are cached from the last completed test; see the matching _timestamp_seconds."
 
 
@@ -276,6 +276,25 @@ class Collector:
             failing.add_metric([*peer_labels(self.peers[name]), protocol], n)
         yield from families.values()
         yield from (jitter, forward, reverse, worst, failing)
+        yield from self._mtu()
+
+    def _mtu(self) -> Iterator[Metric]:
+        carried = _gauge(
+            "pathprobe_path_mtu_carried",
+            "1 when the last DF-set probe of this IP packet size reached the peer and came back, else 0.",
+            [*PEER, "size_bytes"],
+        )
+        last = _gauge(
+            "pathprobe_path_mtu_last_carried_timestamp_seconds",
+            "Unix time at which a probe of this IP packet size was last carried (absent: never).",
+            [*PEER, "size_bytes"],
+        )
+        for (name, size), (ok, when) in dict(self.store.mtu).items():
+            labels = [*peer_labels(self.peers[name]), str(size)]
+            carried.add_metric(labels, 1 if ok else 0)
+            if when is not None:
+                last.add_metric(labels, when)
+        yield from (carried, last)
 
     # --- outcomes of every probe
     def _probe_outcomes(self) -> Iterator[Metric]:

@@ -201,10 +201,34 @@ class BudgetSettings(Strict):
     state_file: Path = Path("/var/lib/pathprobe/budget.json")
 
 
+# IP packet sizes a path of each class should carry (AWS: 9001 inside a VPC, 8500 over
+# inter-region VPC peering and Transit Gateway, 1500 over the internet gateway; see
+# docs/SOURCES.md). 1500 is always probed.
+MTU_BY_PATH_CLASS: dict[str, list[int]] = {
+    "intra_region": [1500, 9001],
+    "vpc_peering": [1500, 8500],
+    "transit_gateway": [1500, 8500],
+    "inter_region": [1500],
+}
+
+
+class MtuSettings(Strict):
+    enabled: bool = True
+    # Each size is probed once per interval: a DF-set UDP echo of exactly that IP size.
+    interval_seconds: float = Field(default=10, ge=1, le=3600)
+    timeout_seconds: float = Field(default=2.0, gt=0, le=30)
+    # IP packet sizes to probe; None: by the peer's path class (MTU_BY_PATH_CLASS).
+    sizes: list[Annotated[int, Field(ge=576, le=65535)]] | None = None
+
+    def sizes_for(self, path_class: str) -> list[int]:
+        return sorted(set(self.sizes if self.sizes is not None else MTU_BY_PATH_CLASS[path_class]))
+
+
 class Probes(Strict):
     throughput: ThroughputSettings = ThroughputSettings()
     rtt: RttSettings = RttSettings()
     loss: LossSettings = LossSettings()
+    mtu: MtuSettings = MtuSettings()
 
 
 class Config(Strict):

@@ -6,9 +6,11 @@ the schedule, and everything they measure lands in the store that /metrics reads
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from . import responders
 from .allow import AllowList
@@ -16,13 +18,23 @@ from .budget import Budget
 from .collector import Collector
 from .config import Config
 from .expected import ExpectedTracker
-from .probes import EchoProber, RttProber, Target
+from .probes import EchoProber, MtuProber, RttProber, Target
 from .probes.base import RttTee
 from .schedule import Schedule
 from .store import Store
 from .turns import ThroughputTurns
 
 log = logging.getLogger(__name__)
+
+
+def host_max_mtu() -> int | None:
+    """The largest MTU of this host's network interfaces (None where /sys does not say)."""
+    mtus = []
+    for f in Path("/sys/class/net").glob("*/mtu"):
+        with contextlib.suppress(OSError, ValueError):
+            mtus.append(int(f.read_text()))
+    return max(mtus, default=None)
+
 
 # SIGTERM must stop the exporter within 5 s whatever a task does.
 STOP_SECONDS = 4.0
@@ -55,10 +67,11 @@ class Exporter:
     def allow_list(self) -> AllowList:
         return AllowList([*(str(p.address) for p in self.cfg.peers), *self.cfg.responders.allow])
 
-    def probers(self) -> list[tuple[str, RttProber | EchoProber]]:
+    def probers(self) -> list[tuple[str, RttProber | EchoProber | MtuProber]]:
         """(task name, prober) of every continuous probe of every peer."""
         cfg = self.cfg
-        probes: list[tuple[str, RttProber | EchoProber]] = []
+        probes: list[tuple[str, RttProber | EchoProber | MtuProber]] = []
+        local_mtu = host_max_mtu()
         for peer in cfg.peers:
             addr = str(peer.address)
             if cfg.probes.rtt.enabled:
@@ -72,6 +85,15 @@ class Exporter:
                 probes.append(
                     (f"loss-{peer.name}", EchoProber(target, cfg.probes.loss, self.store.echo_sink(peer.name)))
                 )
+            if cfg.probes.mtu.enabled:
+                target = Target(addr, peer.echo_port or cfg.responders.echo_port)
+                wanted = cfg.probes.mtu.sizes_for(peer.path_class.value)
+                sizes = [s for s in wanted if local_mtu is None or s <= local_mtu]
+                if sizes != wanted:
+                    log.warning("mtu probes to %s: sizes above this host's largest interface MTU (%s) left out: %s",
+                                peer.name, local_mtu, sorted(set(wanted) - set(sizes)))  # fmt: skip
+                mtu = MtuProber(target, cfg.probes.mtu, sizes, self.store.mtu_sink(peer.name))
+                probes.append((f"mtu-{peer.name}", mtu))
         return probes
 
     async def run(self, stop: asyncio.Event) -> None:

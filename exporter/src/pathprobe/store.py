@@ -109,6 +109,8 @@ class Store:
     flows_failing: dict[tuple[str, str], int] = field(default_factory=dict)  # peer, protocol
     worst_flow_loss: dict[str, float] = field(default_factory=dict)  # peer (udp)
     lost_by_direction: dict[str, tuple[int, int]] = field(default_factory=dict)  # peer -> forward, reverse
+    # peer, IP size -> (carried by the last probe, when a probe of it was last carried)
+    mtu: dict[tuple[str, int], tuple[bool, float | None]] = field(default_factory=dict)
     responder_requests: Counter[tuple[str, str]] = field(default_factory=Counter)  # responder, result
     schedule_turns: int = 0
     # When the last turn began (the exporter's start until the first): None when this host runs no throughput tests.
@@ -152,6 +154,9 @@ class Store:
 
     def echo_sink(self, peer: str) -> EchoSink:
         return EchoSink(self, peer)
+
+    def mtu_sink(self, peer: str) -> MtuSink:
+        return MtuSink(self, peer)
 
 
 class RttSink:
@@ -213,3 +218,19 @@ class EchoSink:
 
     def lost_by_direction(self, forward: int, reverse: int) -> None:
         self.store.lost_by_direction[self.peer] = (forward, reverse)
+
+
+class MtuSink:
+    """Path MTU outcomes of one peer (probes.base.MtuSink)."""
+
+    def __init__(self, store: Store, peer: str):
+        self.store, self.peer = store, peer
+
+    def mtu(self, size: int, carried: bool, reason: Reason | None) -> None:
+        _, last = self.store.mtu.get((self.peer, size), (False, None))
+        if carried:
+            self.store.success("mtu", self.peer)
+            last = self.store.clock()
+        else:
+            self.store.failure("mtu", self.peer, reason or "error")
+        self.store.mtu[self.peer, size] = (carried, last)

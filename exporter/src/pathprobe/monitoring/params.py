@@ -34,6 +34,8 @@ class Params(Strict):
     loss_window: str = Field(default="10m")
     loss_for: str = Field(default="10m")
     partial_failure_for: str = Field(default="5m", description="some flows of a path fail, others not")
+    mtu_memory: str = Field(default="1d", description="a size carried within this window and now not: black hole")
+    mtu_for: str = Field(default="5m")
     unreachable_window: str = Field(default="5m")
     unreachable_for: str = Field(default="5m")
     stale_rotations: float = Field(default=3, gt=1, description="no successful test (or turn) in this many rotations")

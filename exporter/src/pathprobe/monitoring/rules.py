@@ -41,6 +41,12 @@ def _alert(name: str, expr: str, severity: str, summary: str, description: str, 
     return rule
 
 
+def _seconds(duration: str) -> int:
+    """A Prometheus duration (e.g. 1d, 2h, 30m) in seconds, for comparisons with time()."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    return int(float(duration[:-1]) * units[duration[-1]])
+
+
 def render(p: Params) -> dict[str, Any]:
     sel = p.selector
     path_text = "{{ $labels.host }} ({{ $labels.region }}) -> {{ $labels.peer }} ({{ $labels.peer_region }})"
@@ -131,6 +137,14 @@ def render(p: Params) -> dict[str, Any]:
                f"{path_text}: {{{{ $value }}}} {{{{ $labels.protocol }}}} probe flows (source ports) fail while the "
                "others pass: one member of an ECMP group, or a stateful device on one 5-tuple, is broken. The "
                "path's total loss understates it.", p, p.partial_failure_for),
+        _alert("PathprobePathMtuBlackHole",
+               f"pathprobe_path_mtu_carried{{{sel}}} == 0\n"
+               f"and on ({PATH}, size_bytes) (time() - pathprobe_path_mtu_last_carried_timestamp_seconds{{{sel}}}) "
+               f"< {_seconds(p.mtu_memory)}",
+               "warning", "A path stopped carrying packets of a size it carried before.",
+               f"{path_text} no longer carries {{{{ $labels.size_bytes }}}}-byte packets (Don't Fragment set), "
+               f"which it carried within {p.mtu_memory}: a path MTU black hole; large transfers stall while "
+               "small probes pass.", p, p.mtu_for),
         _alert("PathprobePeerUnreachable",
                f'sum by ({PATH}, host, region) (increase(pathprobe_probe_runs_total{{{sel}, probe="rtt", '
                f'result="ok"}}[{p.unreachable_window}])) == 0\nand on ({PATH})\n'

@@ -3,16 +3,18 @@ throughput (iperf3). See base.py for the shape they share."""
 
 from .base import REASONS, ProbeFailure, Reason, Target, reason_of_oserror
 from .echo import EchoProber
+from .mtu import MtuProber
 from .rtt import RttProber
 from .throughput import ThroughputProber, ThroughputResult, ThroughputTest
 
 # The continuous probers by the `probe` label they report under.
-CONTINUOUS = {"rtt": RttProber, "loss": EchoProber}
+CONTINUOUS = {"rtt": RttProber, "loss": EchoProber, "mtu": MtuProber}
 
 __all__ = [
     "CONTINUOUS",
     "REASONS",
     "EchoProber",
+    "MtuProber",
     "ProbeFailure",
     "Reason",
     "RttProber",

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 # The `result` label of pathprobe_probe_runs_total; order is the documented one.
-REASONS = ("ok", "busy", "timeout", "refused", "unreachable", "not_allowed", "error")
-Reason = Literal["busy", "timeout", "refused", "unreachable", "not_allowed", "error"]
+REASONS = ("ok", "busy", "timeout", "refused", "unreachable", "not_allowed", "fragmentation_needed", "error")
+Reason = Literal["busy", "timeout", "refused", "unreachable", "not_allowed", "fragmentation_needed", "error"]
 
 # A failing peer is not probed faster than this.
 BACKOFF_SECONDS = 1.0
@@ -46,6 +46,8 @@ def reason_of_oserror(exc: OSError) -> Reason:
         return "timeout"
     if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EADDRNOTAVAIL):
         return "unreachable"
+    if exc.errno == errno.EMSGSIZE:  # an ICMP "fragmentation needed" (or the local MTU)
+        return "fragmentation_needed"
     return "error"
 
 
@@ -108,3 +110,9 @@ class FlowHealth:
 
     def failing(self) -> bool:
         return len(self.outcomes) >= self.MIN_OUTCOMES and self.loss_ratio() >= self.FAILING_RATIO
+
+
+class MtuSink(Protocol):
+    """Outcomes of the path MTU prober, one probe of one size at a time."""
+
+    def mtu(self, size: int, carried: bool, reason: Reason | None) -> None: ...

@@ -99,7 +99,7 @@ class EchoResponder:
     def _read(self, sock: socket.socket) -> None:
         for _ in range(64):
             try:
-                data, ancdata, _, addr = sock.recvmsg(2048, socket.CMSG_SPACE(64) + stamps.CMSG_SPACE)
+                data, ancdata, _, addr = sock.recvmsg(65535, socket.CMSG_SPACE(64) + stamps.CMSG_SPACE)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
