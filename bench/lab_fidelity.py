@@ -17,8 +17,8 @@ import sys
 
 import yaml
 
-from pathprobe.lab import net
-from pathprobe.lab.topology import PathSpec, Topology, address
+from pathprobe_lab import net
+from pathprobe_lab.topology import PathSpec, Topology, address
 
 PATHPROBE = [sys.executable, "-m", "pathprobe"]
 TOPOLOGY = Topology.model_validate(

@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/pathprobe demo "$@"
+exec .venv/bin/pathprobe demo --alertmanager-routing alerts/alertmanager.yml "$@"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what pathprobe's lab, demo and tests need, on Debian or Ubuntu, as root:
 # the distribution's iperf3, Prometheus, Alertmanager and network tools, and the
-# Python package (pinned, with its dev tools) in .venv/. Safe to run again.
+# Python packages (pinned, with their dev tools) in .venv/. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,8 +21,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-if [ ! -x .venv/bin/pathprobe ] || [ exporter/pyproject.toml -nt .venv/.installed ]; then
+# The exporter (what hosts get) and the lab (this repository's tests and demo only).
+if [ ! -x .venv/bin/pathprobe ] || [ exporter/pyproject.toml -nt .venv/.installed ] \
+    || [ lab/pyproject.toml -nt .venv/.installed ]; then
   python3 -m venv .venv
-  .venv/bin/pip install -q -e 'exporter[dev]'
+  .venv/bin/pip install -q -e 'exporter[dev]' -e lab
   touch .venv/.installed
 fi

@@ -4,8 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check exporter tests bench dashboards
-.venv/bin/ruff format --check exporter tests bench dashboards
+.venv/bin/ruff check exporter lab tests bench dashboards
+.venv/bin/ruff format --check exporter lab tests bench dashboards
 (cd exporter && ../.venv/bin/mypy src)
+(cd lab && ../.venv/bin/mypy src)
 .venv/bin/mypy --strict --ignore-missing-imports dashboards/generate.py
 .venv/bin/pytest -v exporter/tests tests "$@"

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from pathprobe.lab import net
+from pathprobe_lab import net
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from pathprobe.lab import net
-from pathprobe.lab.topology import Topology
+from pathprobe_lab import net
+from pathprobe_lab.topology import Topology
 
 T = TypeVar("T")
 PATHPROBE = [sys.executable, "-m", "pathprobe"]

@@ -15,10 +15,11 @@ import pytest
 import yaml
 
 from helpers import scrape, start_exporter, topology, value, wait_for
+from pathprobe import promql
 from pathprobe.monitoring import params, rules
-from pathprobe.lab import demo, net
-from pathprobe.lab.configs import exporter_config, lab_alert_params, rotation_seconds
-from pathprobe.lab.topology import PathSpec, address
+from pathprobe_lab import demo, net
+from pathprobe_lab.configs import exporter_config, lab_alert_params, rotation_seconds
+from pathprobe_lab.topology import PathSpec, address
 
 ALERTS = Path(__file__).parents[1] / "alerts"
 RULES = ALERTS / "pathprobe.rules.yml"
@@ -80,7 +81,7 @@ def test_alertmanager_config_is_valid(tmp_path: Path) -> None:
     check = run("amtool", "check-config", str(AM))
     assert check.returncode == 0, check.stdout + check.stderr
     lab = tmp_path / "alertmanager.yml"
-    lab.write_text(yaml.safe_dump(demo.alertmanager_config("http://127.0.0.1:1/alerts")))
+    lab.write_text(yaml.safe_dump(demo.alertmanager_config("http://127.0.0.1:1/alerts", AM)))
     check = run("amtool", "check-config", str(lab))
     assert check.returncode == 0, check.stdout + check.stderr
 
@@ -126,7 +127,7 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     log = work / "alerts.log"
     log.touch()
     webhook = demo.start_webhook(log, WEBHOOK_PORT)
-    prom, _ = demo.start_monitoring(DRILL, work, PROM_PORT, AM_PORT, SLOT, webhook_port=WEBHOOK_PORT)
+    prom, _ = demo.start_monitoring(DRILL, work, PROM_PORT, AM_PORT, AM, SLOT, webhook_port=WEBHOOK_PORT)
     yield {"prom": prom, "log": log}
     webhook.shutdown()
     net.down()
@@ -146,7 +147,7 @@ def test_fire_drill(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
     ratio = 'path:pathprobe_throughput_expected_ratio:last{host="drill-a",peer="drill-b"}'
 
     def healthy() -> bool:
-        found = demo.query(drill["prom"], ratio)
+        found = promql.query(drill["prom"], ratio)
         return bool(found) and float(found[0]["value"][1]) > 0.9
 
     # A healthy path first: 478 of an expected 500 Mbit/s (the lab's 5 Gbps per-flow limit / 10).

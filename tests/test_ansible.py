@@ -15,8 +15,9 @@ import pytest
 import yaml
 
 from helpers import topology, wait_for
-from pathprobe.lab import demo, net
-from pathprobe.lab.topology import address
+from pathprobe import promql
+from pathprobe_lab import demo, net
+from pathprobe_lab.topology import address
 
 ROOT = Path(__file__).parents[1]
 ANSIBLE = ROOT / "ansible"
@@ -186,7 +187,7 @@ def test_deployed_exporters_probe_each_other(deployed: dict) -> None:
     paths = {(a, b) for a in names for b in names if a != b}
 
     def measured(metric: str) -> set[tuple[str, str]]:
-        return {(s["metric"]["host"], s["metric"]["peer"]) for s in demo.query(url, metric)}
+        return {(s["metric"]["host"], s["metric"]["peer"]) for s in promql.query(url, metric)}
 
     wait_for("RTT for every path", lambda: measured("pathprobe_rtt_seconds_count") >= paths, timeout=90)
     # Throughput through iperf3 with the RSA keys the play generated and distributed.

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from helpers import PATHPROBE, in_host, payload_rate, topology
-from pathprobe.lab import net
-from pathprobe.lab.topology import address
+from pathprobe_lab import net
+from pathprobe_lab.topology import address
 
 TOPOLOGY = topology("""
 hosts:
@@ -22,7 +22,9 @@ paths:
   - {between: [near, far], rate: 1G, one_way_delay: 10ms}
   - {between: [near, wide], rate: 300M, one_way_delay: 1ms}
 """)
-COMMON = ["--scale", "10", "--instance-type", "c6gn.medium", "--peer-instance-type", "c6gn.medium",
+# The lab's scale (AWS Gbps as Gbit/s / 10) for c6gn.medium at both ends, between regions.
+SCALED = ["--limit", "per_flow=500M", "--limit", "instance=1.6G", "--limit", "region_cap=500M"]
+COMMON = [*SCALED, "--instance-type", "c6gn.medium", "--peer-instance-type", "c6gn.medium",
           "--duration", "3", "--omit", "1"]  # fmt: skip
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from pathprobe.monitoring import params, rules
+from pathprobe_lab import alerting
 
 ROOT = Path(__file__).parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -52,6 +52,7 @@ def test_every_mounted_file_exists() -> None:
             if source.startswith(("/", ".")):
                 assert (ROOT / source).exists(), f"{name} mounts {source}, which does not exist"
     assert (ROOT / "exporter" / "Dockerfile").exists() and (ROOT / "exporter" / "docker-entrypoint.sh").exists()
+    assert (ROOT / "lab" / "Dockerfile").exists()
 
 
 def test_prometheus_config_passes_promtool_with_the_mounted_rules(tmp_path: Path) -> None:
@@ -62,7 +63,8 @@ def test_prometheus_config_passes_promtool_with_the_mounted_rules(tmp_path: Path
     proc = subprocess.run(["promtool", "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
                           text=True, timeout=60, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 22 rules found" in proc.stdout
+    groups = yaml.safe_load((ROOT / "alerts" / "pathprobe.rules.yml").read_text())["groups"]
+    assert f"SUCCESS: {sum(len(g['rules']) for g in groups)} rules found" in proc.stdout
 
 
 def test_alertmanager_config_passes_amtool_and_is_generated_from_the_production_routing() -> None:
@@ -70,10 +72,12 @@ def test_alertmanager_config_passes_amtool_and_is_generated_from_the_production_
     proc = subprocess.run(["amtool", "check-config", str(am)], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     url = "http://alert-log:19099/alerts"
-    expected = rules.WEBHOOK_HEADER.format(url=url) + yaml.safe_dump(
-        rules.webhook_routing((ROOT / "alerts" / "alertmanager.yml").read_text(), url), sort_keys=False
+    expected = alerting.WEBHOOK_HEADER.format(url=url) + yaml.safe_dump(
+        alerting.webhook_routing((ROOT / "alerts" / "alertmanager.yml").read_text(), url), sort_keys=False
     )
-    assert am.read_text() == expected, "run: pathprobe alerts webhook-routing --url ... --out compose/alertmanager.yml"
+    assert am.read_text() == expected, (
+        "run: pathprobe lab webhook-routing --url ... --config alerts/alertmanager.yml --out compose/alertmanager.yml"
+    )
 
 
 def test_every_scrape_target_is_a_compose_service_with_its_labels() -> None:

@@ -15,15 +15,14 @@ from test_dashboards import dashboards
 from test_lab import root_leftovers
 
 from helpers import PATHPROBE, wait_for
-from pathprobe.lab import topology
+from pathprobe import promql
+from pathprobe_lab import topology
 
 PROM = "http://127.0.0.1:19090"
 
 
 def query(expr: str) -> list[dict]:
-    url = f"{PROM}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return json.load(r)["data"]["result"]
+    return promql.query(PROM, expr, timeout=5)
 
 
 # Grafana's variables as "All" selects them, and its interval macros.
@@ -89,7 +88,7 @@ def test_demo_fills_prometheus_for_every_path_then_cleans_up(tmp_path: Path) -> 
         assert all(t["health"] == "up" and t["labels"]["region"] for t in targets)
         # The capacity review from stored history: Tokyo -> Osaka is shaped at 500 Mbit/s.
         cap = subprocess.run([*PATHPROBE, "capacity", "--from-prometheus", PROM, "--peer", "osaka-a", "--host",
-                              "tokyo-a", "--streams", "1,4", "--scale", "10", "--json"],
+                              "tokyo-a", "--streams", "1,4", "--limit", "per_flow=500M", "--json"],
                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
         assert cap.returncode == 0, cap.stderr
         rows = {r["streams"]: r["bits_per_second"] for r in json.loads(cap.stdout)["rows"]}

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from helpers import PATHPROBE, in_host, payload_rate, scrape, start_exporter, topology, value, wait_for
-from pathprobe.lab import net
-from pathprobe.lab.configs import exporter_config
-from pathprobe.lab.topology import address
+from pathprobe_lab import net
+from pathprobe_lab.configs import exporter_config
+from pathprobe_lab.topology import address
 
 TOPOLOGY = topology("""
 hosts:

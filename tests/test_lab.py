@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from helpers import PATHPROBE, in_host, payload_rate, topology
-from pathprobe.lab import net
-from pathprobe.lab.topology import address
+from pathprobe_lab import net
+from pathprobe_lab.topology import address
 
 # That the configured delay is what is measured, to a few ms (a 20 ms step is what impair
 # changes). The fidelity target (0.5 ms + 2%) is bench/lab_fidelity.py's: it is marginal for
@@ -163,7 +163,7 @@ def test_bad_topology_names_the_field(tmp_path: Path) -> None:
 
 
 def test_topology_helper_parses_default() -> None:
-    from pathprobe.lab import topology as topo_mod
+    from pathprobe_lab import topology as topo_mod
 
     default = topo_mod.load(None)
     assert [h.name for h in default.hosts] == ["tokyo-a", "tokyo-b", "osaka-a", "singapore-a"]

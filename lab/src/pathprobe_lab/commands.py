@@ -9,12 +9,16 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from .lab import net, topology
-from .lab.topology import PathSpec
-from .units import parse_duration, parse_quantity, parse_ratio
+import yaml
+
+from pathprobe.commands.common import write_output
+from pathprobe.units import parse_duration, parse_quantity, parse_ratio
+
+from . import alerting, demo, net, topology
+from .topology import PathSpec
 
 
-def add_parsers(sub: Any) -> None:
+def add_parser(sub: Any) -> None:
     lab = sub.add_parser("lab", help="several regions on one machine (network namespaces)")
     cmds = lab.add_subparsers(required=True, metavar="ACTION")
 
@@ -47,6 +51,12 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("dst")
     r.set_defaults(func=cmd_restore)
 
+    w = cmds.add_parser("webhook-routing", help="alertmanager.yml with every receiver a webhook (lab, laptop)")
+    w.add_argument("--url", required=True, help="the webhook receiver's URL")
+    w.add_argument("--config", required=True, type=Path, help="the production Alertmanager config")
+    w.add_argument("--out", help="file to write (atomically); default: standard output")
+    w.set_defaults(func=cmd_webhook_routing)
+
     c = cmds.add_parser("check-topology", help="validate a topology file")
     c.add_argument("file")
     c.set_defaults(func=cmd_check_topology)
@@ -63,6 +73,13 @@ def add_parsers(sub: Any) -> None:
     demo.add_argument("--slot-seconds", type=float, default=40)
     demo.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0: until Ctrl-C)")
     demo.add_argument("--workdir", default="/var/tmp/pathprobe-demo")
+    demo.add_argument(
+        "--alertmanager-routing",
+        type=Path,
+        metavar="FILE",
+        help="production alertmanager.yml whose routing the demo keeps (receivers become the alert log)",
+    )
+
     demo.set_defaults(func=cmd_demo)
 
 
@@ -165,8 +182,6 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_alert_log(args: argparse.Namespace) -> int:
-    from .lab import demo
-
     host, _, port = args.listen.rpartition(":")
     server = demo.start_webhook(Path(args.file), int(port), host or "0.0.0.0")
     print(f"logging alerts to {args.file} from http://{args.listen}/", flush=True)
@@ -176,6 +191,11 @@ def cmd_alert_log(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .lab import demo
-
     return demo.run(args)
+
+
+def cmd_webhook_routing(args: argparse.Namespace) -> int:
+    routing = alerting.webhook_routing(args.config.read_text(), args.url)
+    return write_output(
+        alerting.WEBHOOK_HEADER.format(url=args.url) + yaml.safe_dump(routing, sort_keys=False), args.out
+    )

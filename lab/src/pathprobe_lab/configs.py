@@ -6,8 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..monitoring.params import Params
-from .topology import Topology, address, resolve
+from pathprobe.config import PathClass, Peer
+from pathprobe.limits import expected
+from pathprobe.monitoring.params import Params
+
+from .topology import LabHost, Topology, address, resolve
 
 METRICS_PORT = 9469
 
@@ -32,6 +35,7 @@ def exporter_config(
                 "path_class": paths[(host_name, other.name)].path_class.value,
                 **({"tcp_rmem_max_bytes": other.tcp_rmem_max} if other.tcp_rmem_max else {}),
                 **({"tcp_wmem_max_bytes": other.tcp_wmem_max} if other.tcp_wmem_max else {}),
+                "limits": scaled_limits(topo, me.instance_type, other, paths[(host_name, other.name)].path_class),
             }
         )
     probes: dict[str, Any] = {
@@ -54,9 +58,27 @@ def exporter_config(
         "schedule": {"slot_seconds": slot_seconds, "jitter_seconds": 1, "timeout_margin_seconds": 3},
         "web": {"listen": f"{address(index[me.name])}:{METRICS_PORT}"},
         "budget": {"daily_bytes": "200GB", "state_file": str(state_dir / f"{me.name}-budget.json")},
-        "limits_scale": topo.scale,
     }
     return cfg  # the host's own buffers: the exporter reads them in its namespace
+
+
+# The expected-limit candidates the lab scales, by the per-peer override that carries each.
+OVERRIDES = {
+    "per_flow": "per_flow_bits_per_second",
+    "instance": "instance_bits_per_second",
+    "region_cap": "region_cap_bits_per_second",
+    "transit_gateway": "transit_gateway_bits_per_second",
+}
+
+
+def scaled_limits(topo: Topology, host_instance: str, other: LabHost, path_class: PathClass) -> dict[str, float]:
+    """The limits table's figures for this path divided by the topology's scale (the lab runs
+    AWS Gbps as Gbit/s / 10), written as the per-peer overrides every exporter takes: the
+    production config has no scale."""
+    peer = Peer(name=other.name, address="198.18.0.1", region=other.region, path_class=path_class,
+                instance_type=other.instance_type)  # fmt: skip
+    candidates = expected(peer, host_instance, "tcp", 1, None, None).candidates
+    return {OVERRIDES[k]: v / topo.scale for k, v in candidates.items() if k in OVERRIDES}
 
 
 def scrape_targets(topo: Topology) -> list[dict[str, Any]]:

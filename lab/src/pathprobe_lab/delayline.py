@@ -28,7 +28,7 @@ import struct
 import sys
 import time
 
-from .. import stamps
+from pathprobe import stamps
 
 NETLINK_NETFILTER = 12
 SOL_NETLINK = 270

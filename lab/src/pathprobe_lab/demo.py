@@ -20,20 +20,14 @@ from typing import Any
 
 import yaml
 
-from ..monitoring import rules
+from pathprobe.monitoring import rules
+from pathprobe.promql import query
+
 from . import net, topology
+from .alerting import webhook_routing
 from .configs import exporter_config, lab_alert_params, prometheus_config, rotation_seconds
 
 WEBHOOK_PORT = 19099
-
-
-def repo_dir(name: str) -> Path | None:
-    """A folder of the pathprobe repository (alerts/, dashboards/), when running from a checkout."""
-    here = Path(__file__).resolve()
-    for base in (Path.cwd(), *here.parents):
-        if (base / name).is_dir() and (base / "exporter").is_dir():
-            return base / name
-    return None
 
 
 def binary(*names: str) -> str:
@@ -68,11 +62,11 @@ def start_webhook(log_file: Path, port: int, host: str = "127.0.0.1") -> http.se
     return server
 
 
-def alertmanager_config(webhook_url: str) -> dict[str, Any]:
-    """The project's routing when present (see alerts.webhook_routing), else everything to the webhook."""
-    base = repo_dir("alerts")
-    if base and (base / "alertmanager.yml").exists():
-        return rules.webhook_routing((base / "alertmanager.yml").read_text(), webhook_url)
+def alertmanager_config(webhook_url: str, production: Path | None = None) -> dict[str, Any]:
+    """The production routing (`production`, e.g. alerts/alertmanager.yml) with every receiver a
+    webhook (alerting.webhook_routing); without one, everything to the webhook."""
+    if production is not None:
+        return webhook_routing(production.read_text(), webhook_url)
     return {
         "route": {"receiver": "log", "group_by": ["alertname", "region"], "group_wait": "5s",
                   "group_interval": "10s", "repeat_interval": "1h"},
@@ -90,12 +84,6 @@ def wait_ready(url: str, what: str, timeout: float = 60) -> None:
     raise SystemExit(f"pathprobe demo: {what} did not become ready at {url} in {timeout:g} s")
 
 
-def query(prom: str, expr: str) -> list[dict[str, Any]]:
-    url = f"{prom}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return json.load(r)["data"]["result"]  # type: ignore[no-any-return]
-
-
 def _by_path(prom: str, expr: str) -> dict[tuple[str, str], float]:
     out = {}
     with contextlib.suppress(OSError, KeyError, ValueError):
@@ -109,8 +97,8 @@ TABLE_QUERIES = {
     "gbps_n": 'max by (host, peer) (pathprobe_throughput_bytes_per_second{streams!="1",direction="send"}) * 8 / 1e9',
     "expected": 'max by (host, peer) (pathprobe_throughput_expected_bytes_per_second{streams="1",direction="send"})'
     " * 8 / 1e9",
-    "p50": 'histogram_quantile(0.5, sum by (host, peer, le) (rate(pathprobe_rtt_seconds_bucket{protocol="tcp"}[1m])))',
-    "p99": 'histogram_quantile(0.99, sum by (host, peer, le) (rate(pathprobe_rtt_seconds_bucket{protocol="tcp"}[1m])))',
+    "p50": 'max by (host, peer) (pathprobe_rtt_seconds{protocol="tcp", state="idle", quantile="0.5"})',
+    "p99": 'max by (host, peer) (pathprobe_rtt_seconds{protocol="tcp", state="idle", quantile="0.99"})',
     "loss": "sum by (host, peer) (increase(pathprobe_udp_packets_lost_total[1m]))"
     " / sum by (host, peer) (increase(pathprobe_udp_packets_sent_total[1m]))",
     "age": "time() - max by (host, peer) (pathprobe_throughput_last_test_timestamp_seconds)",
@@ -170,7 +158,9 @@ def run(args: argparse.Namespace) -> int:
         alert_log = work / "alerts.log"
         alert_log.touch()
         webhook = start_webhook(alert_log, WEBHOOK_PORT)
-        prom, _ = start_monitoring(topo, work, args.prometheus_port, args.alertmanager_port, args.slot_seconds)
+        prom, _ = start_monitoring(
+            topo, work, args.prometheus_port, args.alertmanager_port, args.alertmanager_routing, args.slot_seconds
+        )
         print(
             f"Prometheus:   {prom}\nAlertmanager: http://127.0.0.1:{args.alertmanager_port}\n"
             f"Alerts log:   {alert_log}\nExporters:    "
@@ -209,7 +199,7 @@ def start_exporters(topo: topology.Topology, work: Path, slot_seconds: float) ->
     return targets
 
 
-def start_monitoring(topo: topology.Topology, work: Path, prom_port: int, am_port: int,
+def start_monitoring(topo: topology.Topology, work: Path, prom_port: int, am_port: int, routing: Path | None,
                      slot_seconds: float, webhook_port: int = WEBHOOK_PORT) -> tuple[str, str]:  # fmt: skip
     rule_file = work / "pathprobe.rules.yml"
     rule_file.write_text(rules.dump(lab_alert_params(rotation_seconds(topo, slot_seconds))))
@@ -218,7 +208,7 @@ def start_monitoring(topo: topology.Topology, work: Path, prom_port: int, am_por
         yaml.safe_dump(prometheus_config(topo, [str(rule_file)], am_addr), sort_keys=False)
     )
     (work / "alertmanager.yml").write_text(
-        yaml.safe_dump(alertmanager_config(f"http://127.0.0.1:{webhook_port}/alerts"), sort_keys=False)
+        yaml.safe_dump(alertmanager_config(f"http://127.0.0.1:{webhook_port}/alerts", routing), sort_keys=False)
     )
     for d in ("prometheus-data", "alertmanager-data"):
         shutil.rmtree(work / d, ignore_errors=True)

@@ -301,7 +301,7 @@ def _restart_delay_line(state: State, queues: dict[int, float]) -> None:
         kill(proc["pid"])
         state.processes.remove(proc)
     if queues:
-        cmd = in_ns(ROUTER, [sys.executable, "-m", "pathprobe.lab.delayline", "--queues", json.dumps(queues)])
+        cmd = in_ns(ROUTER, [sys.executable, "-m", "pathprobe_lab.delayline", "--queues", json.dumps(queues)])
         log_path = STATE_DIR / "delay-line.log"
         with log_path.open("ab") as log_file:
             child = subprocess.Popen(

@@ -12,9 +12,9 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from .. import yamlfile
-from ..config import Congestion, PathClass, Strict
-from ..units import parse_duration, parse_quantity, parse_ratio
+from pathprobe import yamlfile
+from pathprobe.config import Congestion, PathClass, Strict
+from pathprobe.units import parse_duration, parse_quantity, parse_ratio
 
 Rate = Annotated[float, BeforeValidator(lambda v: parse_quantity(v, "rate")), Field(gt=0)]
 Delay = Annotated[float, BeforeValidator(lambda v: parse_duration(v, "one_way_delay")), Field(ge=0, le=2)]
@@ -106,6 +106,6 @@ def address(index: int) -> str:
 
 def load(path: str | Path | None) -> Topology:
     if path is None:
-        with resources.as_file(resources.files("pathprobe") / "data" / "lab-topology.yaml") as default:
+        with resources.as_file(resources.files("pathprobe_lab") / "data" / "lab-topology.yaml") as default:
             return yamlfile.load_model(default, Topology)
     return yamlfile.load_model(path, Topology)

@@ -6,20 +6,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
-import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .capacity import Review, Row, text_report
-from .config import PathClass, Peer, RttSettings
-from .limits import expected, host_buffer_max, window_share
-from .probes import ProbeFailure, RttProber, Target, ThroughputProber, ThroughputTest
-from .probes.report import ReportSink, RttReport, Summary
-from .report import html_report
-from .units import parse_quantity
+from ..capacity import Review, Row, text_report
+from ..config import Iperf3Settings, Limits, PathClass, Peer, Responders, RttSettings, default
+from ..files import write_atomic
+from ..limits import expected, host_buffer_max, window_share
+from ..probes import ProbeFailure, RttProber, Target, ThroughputProber, ThroughputTest
+from ..probes.report import ReportSink, RttReport, Summary
+from ..promql import query
+from ..report import html_report
+from ..units import parse_quantity
 
 EXIT_REFUSED = 2
 BUSY_RETRIES = 5
@@ -42,11 +41,14 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--receiver-rmem", help="receiver's tcp_rmem max (default: this host's, read from /proc)")
     c.add_argument("--sender-wmem", help="sender's tcp_wmem max (default: this host's, read from /proc)")
     c.add_argument("--window-share", type=float, help="share of a buffer TCP keeps in flight (default: by kernel)")
-    c.add_argument("--scale", type=float, default=1, help="divide table limits by this (the lab uses 10)")
+    c.add_argument("--limit", action="append", default=[], metavar="NAME=RATE",
+                   help="override a limit of the path, as a peer's `limits:` does (repeatable): "
+                        + ", ".join(LIMIT_NAMES) + "; e.g. per_flow=5G")  # fmt: skip
     c.add_argument("--max-bytes", default="20GB", help="refuse a sweep that may move more, unless --yes")
     c.add_argument("--yes", action="store_true", help="run even above --max-bytes")
-    c.add_argument("--port", type=int, default=5201, help="the target's iperf3 port")
-    c.add_argument("--rr-port", type=int, default=9470, help="the target's TCP request/response port")
+    c.add_argument("--port", type=int, default=default(Iperf3Settings, "port"), help="the target's iperf3 port")
+    c.add_argument("--rr-port", type=int, default=default(Responders, "rr_port"),
+                   help="the target's TCP request/response port")  # fmt: skip
     c.add_argument("--json", action="store_true")
     c.add_argument("--report", help="write a self-contained HTML report here")
     c.add_argument("--from-prometheus", metavar="URL", help="build the review from stored history instead")
@@ -72,8 +74,12 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if not streams or min(streams) < 1 or max(streams) > 128:
         return _fail("--streams: counts from 1 to 128")
-    # The limits only need the path's class and the peer's instance type.
-    peer = Peer(name=args.peer or args.target or "peer", address="198.18.0.1", region="-",
+    try:
+        overrides = Limits(**{f"{name}_bits_per_second": rate for name, rate in map(_limit, args.limit)})
+    except ValueError as exc:
+        return _fail(f"--limit: {exc}")
+    # The limits read the path's class, the peer's instance type and the overrides (no address).
+    peer = Peer(name=args.peer or args.target or "peer", address="0.0.0.0", region="-", limits=overrides,
                 path_class=PathClass(args.path_class), instance_type=args.peer_instance_type)  # fmt: skip
     if args.from_prometheus:
         if not args.peer:
@@ -105,12 +111,19 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     for row in review.rows:
         row.expected = _expected(args, peer, row.streams, review, bitrate)
     if args.report:
-        out = Path(args.report)
-        tmp = out.with_suffix(out.suffix + ".tmp")
-        tmp.write_text(html_report(review))
-        os.replace(tmp, out)
+        write_atomic(Path(args.report), html_report(review))
     print(json.dumps(review.to_json(), indent=2) if args.json else text_report(review))
     return 0 if review.measured() else 1
+
+
+LIMIT_NAMES = ("per_flow", "instance", "region_cap", "transit_gateway", "expected")
+
+
+def _limit(text: str) -> tuple[str, float]:
+    name, _, rate = text.partition("=")
+    if name not in LIMIT_NAMES or not rate:
+        raise ValueError(f"{text!r} is not NAME=RATE with NAME one of {', '.join(LIMIT_NAMES)}")
+    return name, parse_quantity(rate, f"--limit {name}")
 
 
 def _buffer(text: str | None, what: str, which: str) -> int | None:
@@ -119,7 +132,7 @@ def _buffer(text: str | None, what: str, which: str) -> int | None:
 
 def _expected(args: argparse.Namespace, peer: Peer, streams: int, review: Review, bitrate: float) -> Any:
     return expected(peer, args.instance_type, args.protocol, streams, review.receiver_rmem_max, review.rtt_seconds,
-                    bitrate, args.scale, sender_wmem_max=review.sender_wmem_max,
+                    bitrate, sender_wmem_max=review.sender_wmem_max,
                     share=review.window_share)  # fmt: skip
 
 
@@ -159,11 +172,6 @@ async def sweep(args: argparse.Namespace, streams: list[int], bitrate: float) ->
     return rows
 
 
-def _query(url: str, expr: str) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": expr}), timeout=30) as r:
-        return json.load(r)["data"]["result"]  # type: ignore[no-any-return]
-
-
 def from_prometheus(args: argparse.Namespace, streams: list[int], peer: Peer, rmem: int | None, wmem: int | None,
                     volume: float) -> Review:  # fmt: skip
     """The review from 30 days of stored results: the median of each stream count's tests."""
@@ -176,13 +184,14 @@ def from_prometheus(args: argparse.Namespace, streams: list[int], peer: Peer, rm
     try:
         rates = {
             int(s["metric"]["streams"]): float(s["value"][1]) * 8
-            for s in _query(
+            for s in query(
                 args.from_prometheus,
                 f"max by (streams) (quantile_over_time(0.5, pathprobe_throughput_bytes_per_second{{{sel}}}[30d]))",
             )
         }
-        rtt = _query(args.from_prometheus, "max(histogram_quantile(0.5, sum by (le) (rate(pathprobe_rtt_seconds_bucket"
-                     f'{{peer="{args.peer}",protocol="tcp"}}[30d]))))')  # fmt: skip
+        # The median of the exporter's 5-minute idle medians over 30 days.
+        rtt = query(args.from_prometheus, "max(quantile_over_time(0.5, pathprobe_rtt_seconds"
+                    f'{{peer="{args.peer}",protocol="tcp",state="idle",quantile="0.5"}}[30d]))')  # fmt: skip
     except OSError as exc:
         review.notes.append(f"Prometheus at {args.from_prometheus} did not answer: {exc}")
         return review

@@ -1,0 +1,52 @@
+"""The `pathprobe` command: one module per verb group, each with `add_parser(subparsers)`.
+
+Verb groups of other distributions (the lab's `lab` and `demo`) come in through the
+entry point group `pathprobe.commands`: each entry point names a module with the same
+`add_parser`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from importlib import import_module
+from importlib.metadata import entry_points
+from types import ModuleType
+
+from .. import __version__
+from ..yamlfile import ConfigError
+from . import alerts, capacity, probe, run, serve
+from .common import EXIT_BAD_INPUT
+
+VERBS: list[ModuleType] = [run, serve, probe, alerts, capacity]
+
+
+def plugins() -> list[ModuleType]:
+    return [import_module(ep.value) for ep in entry_points(group="pathprobe.commands")]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pathprobe", description="Throughput, RTT and loss between regions.")
+    p.add_argument("--version", action="version", version=f"pathprobe {__version__}")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    sub = p.add_subparsers(required=True, metavar="COMMAND")
+    for module in [*VERBS, *plugins()]:
+        module.add_parser(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,203 @@
+"""`pathprobe probe throughput|rtt|loss|mtu`: one-shot probes for people, with the exporter's
+probers and, by default, the exporter's settings (config.py)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+from .. import wire
+from ..config import (
+    MTU_BY_PATH_CLASS,
+    Iperf3Settings,
+    LossSettings,
+    MtuSettings,
+    Responders,
+    RttSettings,
+    ThroughputSettings,
+    default,
+)
+from ..probes import EchoProber, MtuProber, ProbeFailure, RttProber, Target, ThroughputProber, ThroughputTest
+from ..probes.report import ReportSink, RttReport, Summary
+from ..probes.throughput import ThroughputResult
+from ..units import format_bits, format_seconds
+from .common import EXIT_PROBE_FAILED, quantity
+
+
+def add_parser(sub: Any) -> None:
+    probe = sub.add_parser("probe", help="one-shot probes for humans").add_subparsers(required=True, metavar="PROBE")
+    t = probe.add_parser("throughput", help="iperf3 test against a peer's iperf3 server")
+    t.add_argument("target")
+    t.add_argument("--port", type=int, default=default(Iperf3Settings, "port"))
+    t.add_argument("--streams", "-P", type=int, default=1)
+    t.add_argument("--duration", "-t", type=float, default=default(ThroughputSettings, "duration_seconds"))
+    t.add_argument("--omit", "-O", type=float, default=default(ThroughputSettings, "omit_seconds"))
+    t.add_argument("--protocol", choices=["tcp", "udp"], default="tcp")
+    t.add_argument("--bitrate", "-b", default=str(default(ThroughputSettings, "udp_bitrate")),
+                   help="UDP total target rate, bits/s (e.g. 500M)")  # fmt: skip
+    t.add_argument("--reverse", "-R", action="store_true", help="measure peer -> this host")
+    t.add_argument("--congestion", "-C", choices=["cubic", "bbr", "reno"])
+    t.add_argument("--window", "-w", help="socket buffer size, bytes (e.g. 4Mi)")
+    t.add_argument("--iperf3", default=default(Iperf3Settings, "binary"), help="iperf3 binary")
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=cmd_throughput)
+
+    r = probe.add_parser("rtt", help="TCP request/response RTT (as netperf TCP_RR)")
+    r.add_argument("target")
+    r.add_argument("--port", type=int, default=default(Responders, "rr_port"))
+    r.add_argument("--count", "-c", type=int, default=20)
+    r.add_argument("--interval", "-i", type=float, default=default(RttSettings, "interval_seconds"),
+                   help="seconds between requests")  # fmt: skip
+    r.add_argument("--size", type=int, default=default(RttSettings, "size_bytes"), help="request and response size")
+    r.add_argument("--timeout", type=float, default=default(RttSettings, "timeout_seconds"))
+    r.add_argument("--flows", type=int, default=default(RttSettings, "flows"), help="connections, used in turn")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_rtt)
+
+    lo = probe.add_parser("loss", help="UDP echo stream: loss by direction, jitter, RTT, failing flows")
+    lo.add_argument("target")
+    lo.add_argument("--port", type=int, default=default(Responders, "echo_port"))
+    lo.add_argument("--count", "-c", type=int, default=100)
+    lo.add_argument("--rate", type=float, default=50, help="packets per second")
+    lo.add_argument("--size", type=int, default=default(LossSettings, "size_bytes"),
+                    help=f"bytes per packet, {wire.ECHO_HEADER.size} to {wire.ECHO_MAX_SIZE}")  # fmt: skip
+    lo.add_argument("--timeout", type=float, default=default(LossSettings, "timeout_seconds"),
+                    help="seconds before a packet counts as lost")  # fmt: skip
+    lo.add_argument("--flows", type=int, default=default(LossSettings, "flows"), help="source ports, used in turn")
+    lo.add_argument("--json", action="store_true")
+    lo.set_defaults(func=cmd_loss)
+
+    m = probe.add_parser("mtu", help="which IP packet sizes the path carries (Don't Fragment set)")
+    m.add_argument("target")
+    m.add_argument("--port", type=int, default=default(Responders, "echo_port"))
+    m.add_argument("--size", type=int, action="append", dest="sizes",
+                   help="IP packet size (repeatable); default: " + ", ".join(
+                       f"{k} {v}" for k, v in MTU_BY_PATH_CLASS.items()) + " by --path-class")  # fmt: skip
+    m.add_argument("--path-class", choices=list(MTU_BY_PATH_CLASS), default="intra_region")
+    m.add_argument("--timeout", type=float, default=default(MtuSettings, "timeout_seconds"))
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(func=cmd_mtu)
+
+
+def _settings(model: Any, args: argparse.Namespace, **fields: Any) -> Any:
+    """The probe's settings model from the command line: a bad value is a clear error (exit 2)."""
+    try:
+        return model(**fields)
+    except ValueError as exc:
+        raise SystemExit(f"pathprobe probe: {exc}") from exc
+
+
+def _fail(probe: str, target: str, exc: ProbeFailure) -> int:
+    print(f"pathprobe: {probe} probe to {target} failed: {exc.reason}: {exc.detail}", file=sys.stderr)
+    return EXIT_PROBE_FAILED
+
+
+def cmd_throughput(args: argparse.Namespace) -> int:
+    window = quantity(args.window, "--window")
+    test = ThroughputTest(
+        address=args.target, port=args.port, protocol=args.protocol, streams=args.streams,
+        direction="receive" if args.reverse else "send", duration_seconds=args.duration,
+        omit_seconds=args.omit, congestion=args.congestion,
+        udp_bitrate=quantity(args.bitrate, "--bitrate") or default(ThroughputSettings, "udp_bitrate"),
+        window_bytes=int(window) if window else None,
+    )  # fmt: skip
+    try:
+        result = asyncio.run(ThroughputProber(args.iperf3).run(test))
+    except ProbeFailure as exc:
+        return _fail("throughput", args.target, exc)
+    print(json.dumps(result.to_json(), indent=2) if args.json else describe_throughput(args.target, result))
+    return 0
+
+
+def describe_throughput(target: str, r: ThroughputResult) -> str:
+    way = "->" if r.direction == "send" else "<-"
+    lines = [
+        f"throughput this host {way} {target}: {r.protocol.upper()}, {r.streams} stream(s), "
+        f"{r.duration_seconds:g} s (+{r.omit_seconds:g} s omitted)",
+        f"  receiver {format_bits(r.receiver_bytes_per_second * 8)}, "
+        f"sender {format_bits(r.sender_bytes_per_second * 8)}",
+    ]
+    if r.retransmits is not None:
+        lines.append(f"  retransmits {r.retransmits}")
+    if r.udp_loss_ratio is not None:
+        lines.append(
+            f"  UDP lost {r.udp_lost}/{r.udp_packets} ({r.udp_loss_ratio:.2%}), "
+            f"jitter {format_seconds(r.jitter_seconds or 0)}"
+        )
+    return "\n".join(lines)
+
+
+def _finish(args: argparse.Namespace, probe: str, report: RttReport) -> int:
+    print(json.dumps(report.to_json(), indent=2) if args.json else describe_rtt(args.target, report))
+    if report.received == 0:
+        reason = max(report.failures, key=lambda k: report.failures[k]) if report.failures else "timeout"
+        print(
+            f"pathprobe: {probe} probe to {args.target} failed: {reason}: no answer to {report.sent} request(s)",
+            file=sys.stderr,
+        )
+        return EXIT_PROBE_FAILED
+    return 0
+
+
+def cmd_rtt(args: argparse.Namespace) -> int:
+    settings = _settings(RttSettings, args, interval_seconds=args.interval, size_bytes=args.size,
+                         timeout_seconds=args.timeout, flows=args.flows)  # fmt: skip
+    report = RttReport("tcp", args.interval, args.size)
+    asyncio.run(RttProber(Target(args.target, args.port), settings, ReportSink(report)).run(count=args.count))
+    return _finish(args, "rtt", report)
+
+
+def cmd_loss(args: argparse.Namespace) -> int:
+    settings = _settings(LossSettings, args, rate_pps=args.rate, size_bytes=args.size,
+                         timeout_seconds=args.timeout, flows=args.flows)  # fmt: skip
+    report = RttReport("udp", 1 / args.rate, args.size)
+    asyncio.run(EchoProber(Target(args.target, args.port), settings, ReportSink(report)).run(count=args.count))
+    return _finish(args, "loss", report)
+
+
+def cmd_mtu(args: argparse.Namespace) -> int:
+    settings = _settings(MtuSettings, args, timeout_seconds=args.timeout, sizes=args.sizes)
+    sizes = settings.sizes_for(args.path_class)
+    seen: list[dict[str, Any]] = []
+
+    class Sink:
+        def mtu(self, size: int, carried: bool, reason: str | None) -> None:
+            seen.append({"size_bytes": size, "carried": carried, "reason": reason})
+
+    asyncio.run(MtuProber(Target(args.target, args.port), settings, sizes, Sink()).run(rounds=1))
+    if args.json:
+        print(json.dumps(seen, indent=2))
+    else:
+        for s in seen:
+            print(f"{s['size_bytes']:>6} bytes: " + ("carried" if s["carried"] else f"not carried ({s['reason']})"))
+    return 0 if all(s["carried"] for s in seen) else EXIT_PROBE_FAILED
+
+
+def describe_rtt(target: str, r: RttReport) -> str:
+    kind = "TCP request/response" if r.protocol == "tcp" else "UDP echo"
+    lines = [
+        f"{kind} to {target}: {r.sent} sent, {r.received} answered, {r.lost} lost ({r.lost / r.sent:.2%})"
+        if r.sent
+        else f"{kind} to {target}: nothing sent"
+    ]
+    s = Summary.of(r.rtts)
+    if s:
+        f = format_seconds
+        lines.append(
+            f"  rtt min {f(s.min)} p50 {f(s.p50)} mean {f(s.mean)} p99 {f(s.p99)} max {f(s.max)} "
+            f"stddev {f(s.stddev)}  (interval {f(r.interval_seconds)}, {r.size_bytes} B)"
+        )
+    if r.protocol == "udp":
+        lines.append(
+            f"  lost on the way there {r.lost_forward}, on the way back {r.lost_reverse}; "
+            f"RTT variation {format_seconds(r.jitter_seconds)}, duplicates {r.duplicates}, "
+            f"reordered {r.reordered}, late {r.late}"
+        )
+    if r.flows_failing:
+        lines.append(f"  {r.flows_failing} flow(s) (source ports) failing: part of the path is broken (ECMP)")
+    if r.failures:
+        lines.append("  failures: " + ", ".join(f"{k} {v}" for k, v in sorted(r.failures.items())))
+    return "\n".join(lines)
