@@ -8,5 +8,5 @@ bash scripts/setup.sh
 .venv/bin/ruff format --check exporter lab tests bench dashboards
 (cd exporter && ../.venv/bin/mypy src)
 (cd lab && ../.venv/bin/mypy src)
-.venv/bin/mypy --strict --ignore-missing-imports dashboards/generate.py
+(cd dashboards && ../.venv/bin/mypy --strict --ignore-missing-imports generate.py pathprobe_dashboards)
 .venv/bin/pytest -v exporter/tests tests "$@"

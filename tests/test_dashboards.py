@@ -21,6 +21,11 @@ def dashboards() -> dict[str, dict]:
     return {p.name: json.loads(p.read_text()) for p in sorted(JSON.glob("*.json"))}
 
 
+def panels(d: dict) -> list[dict]:
+    """The panels that show something (rows only group them)."""
+    return [p for p in d["panels"] if p["type"] != "row"]
+
+
 def test_regenerating_gives_the_committed_json() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "dashboards" / "generate.py"), "--check"],
                           capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
@@ -41,7 +46,8 @@ def test_conventions(name: str) -> None:
     assert [v for v in variables.values() if v["type"] == "datasource"] == [variables["datasource"]]
     for var in ("region", "host", "peer"):
         assert variables[var]["multi"] and variables[var]["includeAll"], var
-    for panel in d["panels"]:
+    assert d["panels"][0]["type"] == "row", f"{name}: panels are grouped in rows"
+    for panel in panels(d):
         title = panel.get("title")
         assert title, f"{name}: a panel without a title"
         assert panel.get("description"), f"{name}/{title}: no description"
@@ -57,3 +63,15 @@ def test_provisioning_files() -> None:
     assert [d["uid"] for d in ds["datasources"]] == ["pathprobe-prometheus"]
     prov = yaml.safe_load((ROOT / "dashboards" / "provisioning" / "dashboards" / "pathprobe.yml").read_text())
     assert prov["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards/pathprobe"
+
+
+def test_a_fleets_parameters_reach_the_dashboards(tmp_path: Path) -> None:
+    params = tmp_path / "params.yaml"
+    params.write_text('selector: job="netprobe", env="prod"\nthroughput_ratio_warning: 0.7\n')
+    out = tmp_path / "json"
+    proc = subprocess.run([sys.executable, str(ROOT / "dashboards" / "generate.py"), "--params", str(params),
+                           "--out-dir", str(out)], capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    overview = (out / "overview.json").read_text()
+    assert 'job=\\"netprobe\\", env=\\"prod\\"' in overview and 'job=\\"pathprobe\\"' not in overview
+    assert "below 70% of expected" in overview

@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from test_dashboards import dashboards
+from test_dashboards import dashboards, panels
 from test_lab import root_leftovers
 
 from helpers import PATHPROBE, wait_for
@@ -42,7 +42,7 @@ def check_dashboard_queries() -> None:
                 url = f"{PROM}/api/v1/label/{label}/values?" + urllib.parse.urlencode({"match[]": metric})
                 with urllib.request.urlopen(url, timeout=5) as r:
                     assert json.load(r)["data"], f"{name}: variable {var['name']} has no values"
-        for panel in d["panels"]:
+        for panel in panels(d):
             found = []
             for target in panel["targets"]:
                 expr = target["expr"]

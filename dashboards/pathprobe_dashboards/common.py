@@ -1,0 +1,97 @@
+"""What every pathprobe dashboard shares: the data source, the region/host/peer
+variables, the links between the dashboards, and small panel builders.
+
+Conventions: one `datasource` variable that every panel uses; `region`, `host` and
+`peer` variables (multi, all); a unit and a description on every panel; stable UIDs;
+rows, laid out by the SDK (no absolute positions); the selector and the thresholds
+from the monitoring parameters.
+"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import table, timeseries
+from grafana_foundation_sdk.builders.dashboard import (
+    Dashboard,
+    DashboardLink,
+    DatasourceVariable,
+    QueryVariable,
+    ThresholdsConfig,
+)
+from grafana_foundation_sdk.builders.prometheus import Dataquery
+from grafana_foundation_sdk.models.common import TableColoredBackgroundCellOptions
+from grafana_foundation_sdk.models.dashboard import (
+    DashboardLinkType,
+    DataSourceRef,
+    DataTransformerConfig,
+    Threshold,
+    ThresholdsMode,
+    VariableOption,
+    VariableRefresh,
+)
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+from pathprobe.monitoring.params import Params
+
+DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
+TAG = "pathprobe"
+# Panel sizes on Grafana's 24-column grid.
+FULL, HALF, THIRD, QUARTER = 24, 12, 8, 6
+
+
+def selector(p: Params) -> str:
+    """The exporters' series, narrowed by the dashboard's variables."""
+    return f'{p.selector}, region=~"$region", host=~"$host", peer=~"$peer"'
+
+
+def query(expr: str, legend: str = "", instant: bool = False, fmt: PromQueryFormat | None = None,
+          ref: str = "A") -> Dataquery:  # fmt: skip
+    q = Dataquery().expr(expr).ref_id(ref).datasource(DS)
+    q = q.legend_format(legend) if legend else q
+    q = q.instant() if instant else q.range()
+    return q.format(fmt) if fmt else q
+
+
+def steps(*pairs: tuple[float | None, str]) -> ThresholdsConfig:
+    return ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps([Threshold(v, c) for v, c in pairs])
+
+
+def series(title: str, description: str, unit: str, *targets: Dataquery, span: int = HALF) -> timeseries.Panel:
+    p = timeseries.Panel().title(title).description(description).unit(unit).datasource(DS).span(span).height(8)
+    for t in targets:
+        p = p.with_target(t)
+    return p
+
+
+def grid(title: str, description: str, unit: str, expr: str, thresholds: ThresholdsConfig,
+         decimals: int = 2) -> table.Panel:  # fmt: skip
+    """A region x region matrix (perfSONAR MaDDash style): rows source region, columns peer region."""
+    return (
+        table.Panel().title(title).description(description).unit(unit).decimals(decimals).datasource(DS)
+        .span(THIRD).height(9)
+        .with_target(query(expr, instant=True, fmt=PromQueryFormat.TABLE))
+        .with_transformation(DataTransformerConfig(id_val="groupingToMatrix", options={
+            "rowField": "region", "columnField": "peer_region", "valueField": "Value", "emptyValue": "null"}))
+        .thresholds(thresholds)
+        .cell_options(TableColoredBackgroundCellOptions())
+    )  # fmt: skip
+
+
+def dashboard(p: Params, uid: str, title: str, description: str) -> Dashboard:
+    info = f"pathprobe_peer_info{{{p.selector}"
+    return (
+        Dashboard(title).uid(uid).description(description).tags([TAG]).editable()
+        .time("now-6h", "now").refresh("1m").timezone("browser")
+        .with_variable(DatasourceVariable("datasource").label("Data source").type("prometheus"))
+        .with_variable(variable("region", "Source region", f"label_values({info}}}, region)"))
+        .with_variable(variable("host", "Source host", f'label_values({info}, region=~"$region"}}, host)'))
+        .with_variable(variable("peer", "Peer", f'label_values({info}, host=~"$host"}}, peer)'))
+        .link(DashboardLink("pathprobe").type(DashboardLinkType.DASHBOARDS).tags([TAG]).as_dropdown(True)
+              .include_vars(True).keep_time(True))
+    )  # fmt: skip
+
+
+def variable(name: str, label: str, definition: str) -> QueryVariable:
+    return (
+        QueryVariable(name).label(label).datasource(DS).query(definition).refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .multi(True).include_all(True).all_value(".*").current(VariableOption(True, "All", "$__all"))
+    )  # fmt: skip

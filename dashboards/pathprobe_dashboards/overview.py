@@ -1,0 +1,65 @@
+"""pathprobe / Overview: every path between regions at a glance."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import stat, table
+from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
+from grafana_foundation_sdk.models.dashboard import DataTransformerConfig
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+from pathprobe.monitoring.params import Params
+
+from .common import DS, HALF, QUARTER, dashboard, grid, query, selector, steps
+
+
+def build(p: Params) -> Dashboard:
+    sel = selector(p)
+    warn, crit = p.throughput_ratio_warning, p.throughput_ratio_critical
+    ratio = (f'min by (region, peer_region) (path:pathprobe_throughput_expected_ratio:last{{{sel}, streams="1", '
+             'direction="send"}})')  # fmt: skip
+    rtt = f'max by (region, peer_region) (path:pathprobe_rtt_seconds:p50_5m{{{sel}, protocol="tcp"}})'
+    loss = f"max by (region, peer_region) (path:pathprobe_udp_loss_ratio:rate5m{{{sel}}})"
+    return (
+        dashboard(p, "pathprobe-overview", "pathprobe / Overview",
+                  "Every path between regions at a glance: throughput against expected, RTT, loss, firing alerts.")
+        .with_row(Row("Region x region"))
+        .with_panel(grid(
+            "Throughput / expected, one stream",
+            "Worst path between each pair of regions: last one-stream test's receiver-side rate as a share of the "
+            "smallest limit that applies (per-flow, instance baseline, inter-region cap, Transit Gateway, buffer "
+            f"bounds). Green >= {warn:.0%}, yellow >= {crit:.0%}: the alerts' thresholds.",
+            "percentunit", ratio, steps((None, "red"), (crit, "yellow"), (warn, "green"))))
+        .with_panel(grid(
+            "RTT p50 (TCP request/response)",
+            "Worst path between each pair of regions: the exact median RTT of TCP request/response over the last "
+            "5 minutes, idle samples only (as the probe measured it, within 0.2%).",
+            "s", rtt, steps((None, "green"), (0.1, "yellow"), (0.2, "red")), 4))
+        .with_panel(grid(
+            "UDP echo loss",
+            "Worst path between each pair of regions: share of low-rate UDP echo packets lost over 5 minutes.",
+            "percentunit", loss,
+            steps((None, "green"), (p.loss_ratio_warning, "yellow"), (p.loss_ratio_critical, "red")), 3))
+        .with_row(Row("Now"))
+        .with_panel(
+            stat.Panel().title(f"Paths below {warn:.0%} of expected")
+            .description(f"Source-to-peer test series whose last result is below {warn:.0%} of expected.")
+            .unit("short").datasource(DS).span(QUARTER).height(5)
+            .with_target(query(f"count(path:pathprobe_throughput_expected_ratio:last{{{sel}}} < {warn:g}) or vector(0)",
+                               instant=True))
+            .thresholds(steps((None, "green"), (1, "red"))))
+        .with_panel(
+            stat.Panel().title("Peers unreachable")
+            .description("Peers with no answer to any RTT probe over 5 minutes.")
+            .unit("short").datasource(DS).span(QUARTER).height(5)
+            .with_target(query(f'count(sum by (host, peer) (increase(pathprobe_probe_runs_total{{{sel}, probe="rtt", '
+                               'result="ok"}[5m])) == 0) or vector(0)', instant=True))
+            .thresholds(steps((None, "green"), (1, "red"))))
+        .with_panel(
+            table.Panel().title("Firing pathprobe alerts")
+            .description("Alerts of the pathprobe rules firing now, with the path they name.")
+            .unit("short").datasource(DS).span(HALF).height(5)
+            .with_target(query('ALERTS{alertname=~"Pathprobe.*", alertstate="firing"}', instant=True,
+                               fmt=PromQueryFormat.TABLE))
+            .with_transformation(DataTransformerConfig(id_val="organize", options={"excludeByName": {
+                "Time": True, "Value": True, "__name__": True, "alertstate": True, "job": True}})))
+    )  # fmt: skip

@@ -1,0 +1,99 @@
+"""pathprobe / Path detail: one path in depth."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
+
+from pathprobe.monitoring.params import Params
+
+from .common import FULL, THIRD, dashboard, query, selector, series
+
+
+def build(p: Params) -> Dashboard:
+    sel = selector(p)
+    rtt = "pathprobe_rtt_seconds"
+    return (
+        dashboard(p, "pathprobe-path", "pathprobe / Path detail",
+                  "One path in detail: throughput against its expected value and binding limit, retransmits, RTT "
+                  "idle and under load, loss by direction and by flow, path MTU, and probe outcomes.")
+        .with_row(Row("Throughput"))
+        .with_panel(series(
+            "Throughput and expected",
+            "Receiver-side rate (payload) of each test (by streams and direction) and the expected rate, in the "
+            "same units, with the binding limit in the legend.",
+            "bps",
+            query(f"path:pathprobe_throughput_bits_per_second:last{{{sel}}}",
+                  "{{host}} -> {{peer}} {{protocol}} x{{streams}} {{direction}}"),
+            query(f"path:pathprobe_throughput_expected_bits_per_second:last{{{sel}}}",
+                  "expected x{{streams}} {{direction}} ({{limit}})", ref="B")))
+        .with_panel(series(
+            "Throughput / expected",
+            f"Each test's rate as a share of expected; alerts fire below {p.throughput_ratio_warning:.0%} (warning) "
+            f"and {p.throughput_ratio_critical:.0%} (critical) over every test in {p.throughput_window}.",
+            "percentunit",
+            query(f"path:pathprobe_throughput_expected_ratio:last{{{sel}}}",
+                  "{{host}} -> {{peer}} x{{streams}} {{direction}}")))
+        .with_panel(series(
+            "Retransmits per test", "TCP retransmits in the last test (sender side).", "short",
+            query(f"pathprobe_throughput_retransmits{{{sel}}}", "{{host}} -> {{peer}} x{{streams}} {{direction}}"),
+            span=FULL))
+        .with_row(Row("RTT"))
+        .with_panel(series(
+            "RTT idle: p50, p90, p99",
+            "Exact quantiles of the last 5 minutes (as the probe measured them, within 0.2%), from samples taken "
+            "while neither host was in a throughput test.",
+            "s",
+            query(f'{rtt}{{{sel}, state="idle"}}', "p{{quantile}} {{host}} -> {{peer}} {{protocol}}")))
+        .with_panel(series(
+            "RTT under load: p50, p99",
+            "The same quantiles from samples taken while this host or the peer may be in a throughput test: they "
+            "sit behind the test's queue (self-inflicted queueing, kept out of the idle figures and the alerts).",
+            "s",
+            query(f'{rtt}{{{sel}, state="loaded", quantile=~"0.5|0.99"}}',
+                  "p{{quantile}} loaded {{host}} -> {{peer}} {{protocol}}")))
+        .with_row(Row("Loss, flows and MTU"))
+        .with_panel(series(
+            "UDP echo loss by direction",
+            "Share of echo packets lost over 5 minutes in all, and on the way to the peer (forward) and back "
+            "(reverse), from the responder's own count.",
+            "percentunit",
+            query(f"path:pathprobe_udp_loss_ratio:rate5m{{{sel}}}", "all {{host}} -> {{peer}}"),
+            query(f"rate(pathprobe_udp_packets_lost_forward_total{{{sel}}}[5m]) / "
+                  f"rate(pathprobe_udp_packets_sent_total{{{sel}}}[5m])", "forward {{host}} -> {{peer}}", ref="B"),
+            query(f"rate(pathprobe_udp_packets_lost_reverse_total{{{sel}}}[5m]) / "
+                  f"rate(pathprobe_udp_packets_sent_total{{{sel}}}[5m])", "reverse {{host}} -> {{peer}}", ref="C"),
+            span=THIRD))
+        .with_panel(series(
+            "Flows failing and the worst flow",
+            "The continuous probes use several source ports (flows) so that they cross every member of an ECMP "
+            "group: flows whose recent probes mostly fail, and the loss of the worst UDP flow.",
+            "short",
+            query(f"pathprobe_probe_flows_failing{{{sel}}}", "failing {{protocol}} {{host}} -> {{peer}}"),
+            query(f"pathprobe_udp_worst_flow_loss_ratio{{{sel}}}", "worst flow loss {{host}} -> {{peer}}", ref="B"),
+            span=THIRD))
+        .with_panel(series(
+            "Path MTU: sizes carried",
+            "1 while the last Don't-Fragment probe of each IP packet size came back.",
+            "short",
+            query(f"pathprobe_path_mtu_carried{{{sel}}}", "{{size_bytes}} B {{host}} -> {{peer}}"),
+            span=THIRD))
+        .with_panel(series(
+            "UDP echo RTT variation",
+            "RFC 3550's jitter estimator applied to successive echo RTTs (a round-trip variation).",
+            "s",
+            query(f"pathprobe_udp_rtt_variation_seconds{{{sel}}}", "{{host}} -> {{peer}}")))
+        .with_row(Row("Probes"))
+        .with_panel(series(
+            "Probe outcomes",
+            "Probe attempts per second by probe and result (ok, busy, timeout, refused, unreachable, not_allowed, "
+            "fragmentation_needed, error).",
+            "ops",
+            query(f"sum by (probe, result) (rate(pathprobe_probe_runs_total{{{p.selector}, host=~\"$host\", "
+                  'peer=~"$peer"}[$__rate_interval]))', "{{probe}} {{result}}")))
+        .with_panel(series(
+            "Last successful probe age",
+            "Seconds since each probe last succeeded for the path.",
+            "s",
+            query(f'time() - pathprobe_probe_last_success_timestamp_seconds{{{p.selector}, host=~"$host", '
+                  'peer=~"$peer"}', "{{probe}} {{host}} -> {{peer}}")))
+    )  # fmt: skip
