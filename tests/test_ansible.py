@@ -145,6 +145,9 @@ def test_deploys_then_changes_nothing_on_a_second_run(deployed: dict) -> None:
     for root in deployed["roots"].values():
         cfg = yaml.safe_load((root / "etc" / "pathprobe" / "pathprobe.yaml").read_text())
         assert len(cfg["peers"]) == 2 and cfg["iperf3"]["auth"]["username"] == "pathprobe"
+        # Only what the inventory set is written; the exporter's defaults apply to the rest.
+        assert cfg["probes"]["rtt"] == {"interval_seconds": 0.1} and "responders" not in cfg
+        assert cfg["budget"] == {"state_file": "/var/lib/pathprobe/budget.json"}
         assert (root / "etc" / "systemd" / "system" / "pathprobe.service").exists()
     targets = json.loads(deployed["file_sd"].read_text())
     assert {t["labels"]["host"] for t in targets} == {h.name for h in TOPOLOGY.hosts}
@@ -193,3 +196,24 @@ def test_deployed_exporters_probe_each_other(deployed: dict) -> None:
     # Throughput through iperf3 with the RSA keys the play generated and distributed.
     wait_for("throughput for every path", lambda: measured("pathprobe_throughput_bytes_per_second") >= paths,
              timeout=180)  # fmt: skip
+
+
+def test_the_monitoring_play_renders_the_rules_with_the_fleets_parameters(tmp_path: Path) -> None:
+    inventory = {"all": {"children": {
+        "pathprobe": {"hosts": {"a": {"pathprobe_region": "r1", "ansible_host": "198.18.1.2"}}},
+        "monitoring": {"hosts": {"localhost": {"ansible_connection": "local", "ansible_become": False,
+                                               "ansible_python_interpreter": sys.executable}}},
+    }}}  # fmt: skip
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    params = {"selector": 'job="netprobe"', "loss_ratio_warning": 0.02}
+    proc = run([str(BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"), "playbooks/monitoring.yml",
+                "-e", json.dumps({"monitoring_alert_params": params,
+                                  "monitoring_file_sd_path": str(tmp_path / "file_sd" / "pathprobe.json"),
+                                  "monitoring_rules_dir": str(tmp_path / "rules"),
+                                  "monitoring_alertmanager_config": str(tmp_path / "alertmanager.yml")})],
+               env={"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
+                    "ANSIBLE_NOCOLOR": "1", "HOME": str(tmp_path)})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    rules = (tmp_path / "rules" / "pathprobe.rules.yml").read_text()
+    assert 'pathprobe_udp_packets_lost_total{job="netprobe"}' in rules and "> 0.02" in rules
+    assert 'job="pathprobe"' not in rules
