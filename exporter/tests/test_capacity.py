@@ -1,4 +1,4 @@
-"""Capacity review logic on the source article's Tokyo-Osaka table (FIELD_NOTES section 2)."""
+"""Capacity review logic on the source article's Tokyo-Osaka table ([DIO-TOKYO-OSAKA] in docs/SOURCES.md)."""
 
 import re
 
@@ -31,7 +31,7 @@ def review(rows: dict[int, float], rmem: int = DEFAULT_RMEM) -> Review:
     return r
 
 
-# c6gn.12xlarge, default buffers, Gbps by streams (seed 000).
+# c6gn.12xlarge, default buffers, Gbps by streams ([DIO-TOKYO-OSAKA]).
 ARTICLE = {1: 2.95, 4: 12.2, 8: 24.5, 16: 47.4, 32: 66.4, 64: 71.0, 96: 71.2}
 
 

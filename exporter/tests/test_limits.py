@@ -21,8 +21,8 @@ def peer(path_class: str = "inter_region", instance: str = "c6gn.medium", **limi
     )
 
 
-def test_field_notes_default_buffer_flow_is_window_bound() -> None:
-    # FIELD_NOTES section 2: tcp_rmem max 6291456 at 8 ms allows about 3.1 Gbps.
+def test_a_default_buffer_flow_between_tokyo_and_osaka_is_window_bound() -> None:
+    # [DIO-TOKYO-OSAKA] (docs/SOURCES.md): tcp_rmem max 6291456 at 8 ms allows about 3.1 Gbps.
     e = expected(peer(instance="c6gn.12xlarge"), "c6gn.12xlarge", "tcp", 1, 6291456, 0.008, share=KERNEL_6_1)
     assert e.limit == "receive_window"
     assert e.bits_per_second == pytest.approx(3.15e9, rel=0.01)
@@ -87,8 +87,8 @@ def test_table_rows_are_sourced() -> None:
         assert row.source or not row.checked
 
 
-def test_buffer_bound_matches_seed_002() -> None:
-    # About 2.9 MB in flight at every delay: 10 ms -> 2.33 Gbps in seed 002.
+def test_buffer_bound_matches_a_fixed_window_at_every_delay() -> None:
+    # About 2.9 MB in flight at every delay: 10 ms -> 2.33 Gbps in [BLOG-RTT] (docs/SOURCES.md).
     assert buffer_bound(int(2.912e6 / 0.5), 0.010, 1, 0.5) == pytest.approx(2.33e9, rel=0.01)
 
 

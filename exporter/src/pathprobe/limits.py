@@ -21,8 +21,8 @@ from .config import PathClass, Peer
 
 GBPS = 1e9
 # The share of a socket buffer that TCP can keep in flight. Before Linux 6.6 the
-# receiver advertised buffer / 2^tcp_adv_win_scale less (1: half): FIELD_NOTES
-# section 2, kernel 6.1, 6291456 B x 0.5 x 8 / 8 ms = 3.1 Gbps, as measured. Since
+# receiver advertised buffer / 2^tcp_adv_win_scale less (1: half): on kernel 6.1,
+# 6291456 B x 0.5 x 8 / 8 ms = 3.1 Gbps, as measured (docs/SOURCES.md). Since
 # 6.6 the kernel uses each connection's measured payload/truesize ratio instead;
 # on this project's lab (kernel 6.18, veth, MTU 1500) in-flight data measured 0.78
 # of the smaller of the receiver's tcp_rmem max and the sender's tcp_wmem max.

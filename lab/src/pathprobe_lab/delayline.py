@@ -2,7 +2,7 @@
 
 iptables sends each delayed path's packets to its own queue; this process holds
 every packet for the queue's one-way delay and then accepts it. It speaks the
-nfnetlink_queue protocol directly (no library can set F_GSO; see LAB_NOTES):
+nfnetlink_queue protocol directly (no Python netfilter-queue library sets F_GSO):
 - copy mode META: payloads never come to userspace, only ids;
 - F_GSO: GSO super-packets are queued whole (far fewer packets);
 - one batch verdict per queue per wake-up accepts every due packet at once,
