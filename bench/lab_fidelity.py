@@ -17,7 +17,8 @@ import sys
 
 import yaml
 
-from pathprobe_lab import net
+from pathprobe_lab import net, shaping
+from pathprobe_lab.state import State, in_ns, ns
 from pathprobe_lab.topology import PathSpec, Topology, address
 
 PATHPROBE = [sys.executable, "-m", "pathprobe"]
@@ -32,18 +33,18 @@ DST = address(2)
 
 
 def in_src(cmd: list[str]) -> str:
-    proc = subprocess.run(net.in_ns(net.ns("src"), cmd), capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(in_ns(ns("src"), cmd), capture_output=True, text=True, timeout=300, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd}: {proc.stderr.strip()}")
     return proc.stdout
 
 
 def shape(rate: float | None, one_way: float, loss: float = 0.0) -> None:
-    state = net.State.load()
+    state = State.load()
     assert state is not None
     cls = state.spec("src", "dst").path_class
-    net.set_path(state, "src", "dst", PathSpec(rate, one_way, loss, cls))
-    net.set_path(state, "dst", "src", PathSpec(None, one_way, 0.0, cls))  # loss one way only
+    shaping.set_path(state, "src", "dst", PathSpec(rate, one_way, loss, cls))
+    shaping.set_path(state, "dst", "src", PathSpec(None, one_way, 0.0, cls))  # loss one way only
 
 
 def payload(rate: float) -> float:
@@ -107,7 +108,7 @@ def main() -> int:
     net.down()
     net.up(TOPOLOGY)
     serve = subprocess.Popen(
-        net.in_ns(net.ns("dst"), [*PATHPROBE, "serve", "--allow", "198.18.0.0/15"]),
+        in_ns(ns("dst"), [*PATHPROBE, "serve", "--allow", "198.18.0.0/15"]),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
     )

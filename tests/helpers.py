@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from pathprobe_lab import net
+from pathprobe_lab.state import in_ns, ns, spawn
 from pathprobe_lab.topology import Topology
 
 T = TypeVar("T")
@@ -25,14 +25,14 @@ def topology(text: str) -> Topology:
 
 
 def in_host(host: str, cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(net.in_ns(net.ns(host), cmd), capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(in_ns(ns(host), cmd), capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def start_exporter(host: str, cfg: dict[str, Any], workdir: Path) -> subprocess.Popen[bytes]:
     path = workdir / f"{host}.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    cmd = net.in_ns(net.ns(host), [*PATHPROBE, "run", "--config", str(path)])
-    return net.spawn(cmd, workdir / f"{host}.log", f"exporter {host}")
+    cmd = in_ns(ns(host), [*PATHPROBE, "run", "--config", str(path)])
+    return spawn(cmd, workdir / f"{host}.log", f"exporter {host}")
 
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

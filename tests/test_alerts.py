@@ -17,8 +17,9 @@ import yaml
 from helpers import scrape, start_exporter, topology, value, wait_for
 from pathprobe import promql
 from pathprobe.monitoring import params, rules
-from pathprobe_lab import demo, net
+from pathprobe_lab import demo, net, shaping
 from pathprobe_lab.configs import exporter_config, lab_alert_params, rotation_seconds
+from pathprobe_lab.state import State
 from pathprobe_lab.topology import PathSpec, address
 
 ALERTS = Path(__file__).parents[1] / "alerts"
@@ -156,11 +157,11 @@ def test_fire_drill(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
     assert value(s, "pathprobe_throughput_expected_bytes_per_second", peer="drill-b", limit="per_flow") == 500e6 / 8
     assert not [n for n in notifications(drill["log"]) if n[0] == "firing"]
 
-    state = net.State.load()
+    state = State.load()
     assert state is not None
     spec = state.spec("drill-a", "drill-b")
     impaired = time.monotonic()
-    net.set_path(state, "drill-a", "drill-b", PathSpec(150e6, spec.one_way_delay, 0.0, spec.path_class))
+    shaping.set_path(state, "drill-a", "drill-b", PathSpec(150e6, spec.one_way_delay, 0.0, spec.path_class))
     fired = wait_for(
         "the alert at the webhook",
         lambda: ("firing", "PathprobeThroughputFarBelowExpected", "drill-b") in notifications(drill["log"]),
@@ -171,7 +172,7 @@ def test_fire_drill(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
     assert fired and ("firing", "PathprobeThroughputBelowExpected", "drill-b") not in notifications(drill["log"])
 
     restored = time.monotonic()
-    net.restore(net.State.load(), "drill-a", "drill-b")  # type: ignore[arg-type]
+    shaping.restore(State.load(), "drill-a", "drill-b")  # type: ignore[arg-type]
     wait_for(
         "the resolved notification",
         lambda: ("resolved", "PathprobeThroughputFarBelowExpected", "drill-b") in notifications(drill["log"]),

@@ -17,6 +17,7 @@ import yaml
 from helpers import topology, wait_for
 from pathprobe import promql
 from pathprobe_lab import demo, net
+from pathprobe_lab.state import in_ns, ns, spawn
 from pathprobe_lab.topology import address
 
 ROOT = Path(__file__).parents[1]
@@ -172,16 +173,16 @@ def test_deployed_exporters_probe_each_other(deployed: dict) -> None:
     assert deployed["second"].returncode == 0
     for name, root in roots.items():
         # Started from the deployed files, as the unit would: the installed venv, the written config, its user.
-        cmd = net.in_ns(net.ns(name), ["chroot", "--userspec=pathprobe:pathprobe", str(root),
+        cmd = in_ns(ns(name), ["chroot", "--userspec=pathprobe:pathprobe", str(root),
                                        "/opt/pathprobe/venv/bin/pathprobe", "run", "--config",
                                        "/etc/pathprobe/pathprobe.yaml"])  # fmt: skip
-        net.spawn(cmd, work / f"{name}.log", f"deployed exporter {name}")
+        spawn(cmd, work / f"{name}.log", f"deployed exporter {name}")
     prom_cfg = {
         "global": {"scrape_interval": "5s"},
         "scrape_configs": [{"job_name": "pathprobe", "file_sd_configs": [{"files": [str(deployed["file_sd"])]}]}],
     }
     (work / "prometheus.yml").write_text(yaml.safe_dump(prom_cfg))
-    net.spawn([demo.binary("prometheus"), f"--config.file={work / 'prometheus.yml'}",
+    spawn([demo.binary("prometheus"), f"--config.file={work / 'prometheus.yml'}",
                f"--storage.tsdb.path={work / 'prom-data'}", f"--web.listen-address=127.0.0.1:{PROM_PORT}"],
               work / "prometheus.log", "prometheus (ansible test)")  # fmt: skip
     url = f"http://127.0.0.1:{PROM_PORT}"

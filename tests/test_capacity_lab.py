@@ -11,6 +11,7 @@ import pytest
 
 from helpers import PATHPROBE, in_host, payload_rate, topology
 from pathprobe_lab import net
+from pathprobe_lab.state import in_ns, ns
 from pathprobe_lab.topology import address
 
 TOPOLOGY = topology("""
@@ -34,7 +35,7 @@ def lab() -> Iterator[None]:
     servers = []
     for host in ("far", "wide"):
         s = subprocess.Popen(
-            net.in_ns(net.ns(host), [*PATHPROBE, "serve", "--allow", "198.18.0.0/15"]),
+            in_ns(ns(host), [*PATHPROBE, "serve", "--allow", "198.18.0.0/15"]),
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
         )

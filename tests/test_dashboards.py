@@ -69,8 +69,8 @@ def test_a_fleets_parameters_reach_the_dashboards(tmp_path: Path) -> None:
     params = tmp_path / "params.yaml"
     params.write_text('selector: job="netprobe", env="prod"\nthroughput_ratio_warning: 0.7\n')
     out = tmp_path / "json"
-    proc = subprocess.run([sys.executable, str(ROOT / "dashboards" / "generate.py"), "--params", str(params),
-                           "--out-dir", str(out)], capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    cmd = [sys.executable, str(ROOT / "dashboards" / "generate.py"), "--params", str(params), "--out-dir", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     overview = (out / "overview.json").read_text()
     assert 'job=\\"netprobe\\", env=\\"prod\\"' in overview and 'job=\\"pathprobe\\"' not in overview

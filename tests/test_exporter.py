@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from helpers import PATHPROBE, in_host, payload_rate, scrape, start_exporter, topology, value, wait_for
-from pathprobe_lab import net
+from pathprobe_lab import net, shaping
 from pathprobe_lab.configs import exporter_config
+from pathprobe_lab.state import State
 from pathprobe_lab.topology import address
 
 TOPOLOGY = topology("""
@@ -53,10 +54,10 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     work = tmp_path_factory.mktemp("mesh")
     net.up(TOPOLOGY)
     # 2% random drop on alpha -> gamma only, so the echo round trip loses 2%.
-    state = net.State.load()
+    state = State.load()
     assert state is not None
     spec = state.spec("alpha", "gamma")
-    net.set_path(state, "alpha", "gamma", type(spec)(spec.rate, 0.0, 0.02, spec.path_class))
+    shaping.set_path(state, "alpha", "gamma", type(spec)(spec.rate, 0.0, 0.02, spec.path_class))
     procs = {h: start_exporter(h, config(h, work), work) for h in MESH}
     wait_for("alpha's /metrics", lambda: scrape(ALPHA), timeout=30)
     yield procs

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from helpers import PATHPROBE, in_host, payload_rate, topology
-from pathprobe_lab import net
+from pathprobe import procs
+from pathprobe_lab.state import NFT_TABLE, PREFIX, ROOT_LINK, ROUTER, State, in_ns, iptables, ns
 from pathprobe_lab.topology import address
 
 # That the configured delay is what is measured, to a few ms (a 20 ms step is what impair
@@ -42,15 +43,15 @@ def output(*cmd: str) -> str:
 
 def root_leftovers() -> list[str]:
     """Anything of the lab's visible from the root namespace."""
-    out = [n for n in output("ip", "netns", "list").split() if n.startswith(net.PREFIX)]
-    if f" {net.ROOT_LINK}@" in output("ip", "link", "show"):
-        out.append(net.ROOT_LINK)
+    out = [n for n in output("ip", "netns", "list").split() if n.startswith(PREFIX)]
+    if f" {ROOT_LINK}@" in output("ip", "link", "show"):
+        out.append(ROOT_LINK)
     out += [r for r in output("ip", "route").splitlines() if "198.18." in r]
-    if net.NFT_TABLE in output("nft", "list", "tables"):
+    if NFT_TABLE in output("nft", "list", "tables"):
         out.append("nft table")
-    if "NFQUEUE" in output(net.iptables(), "-S"):
+    if "NFQUEUE" in output(iptables(), "-S"):
         out.append("iptables NFQUEUE rule")
-    if net.State.file().exists():
+    if State.file().exists():
         out.append("state file")
     return out
 
@@ -68,7 +69,7 @@ def lab_up(tmp_path: Path) -> Iterator[Path]:
 def serving(lab_up: Path) -> Iterator[None]:
     """`pathprobe serve` (iperf3 server, TCP RR, UDP echo) on host west."""
     serve = subprocess.Popen(
-        net.in_ns(net.ns("west"), [*PATHPROBE, "serve", "--allow", "198.18.0.0/15"]),
+        in_ns(ns("west"), [*PATHPROBE, "serve", "--allow", "198.18.0.0/15"]),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -102,16 +103,16 @@ def test_up_then_down_leaves_nothing(lab_up: Path) -> None:
     assert pids and all(p["alive"] for p in status["processes"])
     lab("down")
     assert root_leftovers() == []
-    assert not any(net.alive(pid) for pid in pids)
+    assert not any(procs.alive(pid) for pid in pids)
     again = lab("down")  # idempotent
     assert "lab is down" in again.stdout
 
 
 def test_down_cleans_up_after_a_crashed_up() -> None:
     # What a `lab up` killed half-way leaves: namespaces, a process inside one, no state file.
-    subprocess.run(["ip", "netns", "add", net.ROUTER], check=True)
-    subprocess.run(["ip", "netns", "add", net.ns("half")], check=True)
-    sleeper = subprocess.Popen(net.in_ns(net.ROUTER, ["sleep", "300"]), start_new_session=True)
+    subprocess.run(["ip", "netns", "add", ROUTER], check=True)
+    subprocess.run(["ip", "netns", "add", ns("half")], check=True)
+    sleeper = subprocess.Popen(in_ns(ROUTER, ["sleep", "300"]), start_new_session=True)
     assert "left over" in lab("status", check=False).stdout
     lab("down")
     assert sleeper.wait(timeout=10) != 0

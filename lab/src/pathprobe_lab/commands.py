@@ -14,7 +14,8 @@ import yaml
 from pathprobe.commands.common import write_output
 from pathprobe.units import parse_duration, parse_quantity, parse_ratio
 
-from . import alerting, demo, net, topology
+from . import alerting, demo, net, shaping, topology
+from .state import LabError, State, ns
 from .topology import PathSpec
 
 
@@ -83,8 +84,8 @@ def add_parser(sub: Any) -> None:
     demo.set_defaults(func=cmd_demo)
 
 
-def _state() -> net.State:
-    state = net.State.load()
+def _state() -> State:
+    state = State.load()
     if state is None:
         raise SystemExit("pathprobe: no lab is up (run `pathprobe lab up`)")
     return state
@@ -93,7 +94,7 @@ def _state() -> net.State:
 def _run(fn: Any, *args: Any) -> Any:
     try:
         return fn(*args)
-    except net.LabError as exc:
+    except LabError as exc:
         raise SystemExit(f"pathprobe lab: {exc}") from exc
 
 
@@ -152,7 +153,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if not command:
         raise SystemExit("pathprobe lab exec: give a command after --")
     _state().index(args.host)
-    os.execvp("ip", ["ip", "netns", "exec", net.ns(args.host), *command])
+    os.execvp("ip", ["ip", "netns", "exec", ns(args.host), *command])
     return 0  # not reached
 
 
@@ -170,13 +171,13 @@ def cmd_impair(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"pathprobe lab impair: {exc}") from exc
     spec = PathSpec(rate, delay, loss, current.path_class)
-    _run(net.set_path, state, args.src, args.dst, spec)
+    _run(shaping.set_path, state, args.src, args.dst, spec)
     print(f"{args.src} -> {args.dst}: {spec.describe()}")
     return 0
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    spec = _run(net.restore, _state(), args.src, args.dst)
+    spec = _run(shaping.restore, _state(), args.src, args.dst)
     print(f"{args.src} -> {args.dst}: {spec.describe()} (as in the topology)")
     return 0
 

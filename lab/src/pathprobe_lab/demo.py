@@ -23,9 +23,10 @@ import yaml
 from pathprobe.monitoring import rules
 from pathprobe.promql import query
 
-from . import net, topology
+from . import net, shaping, topology
 from .alerting import webhook_routing
 from .configs import exporter_config, lab_alert_params, prometheus_config, rotation_seconds
+from .state import LabError, State, in_ns, ns, spawn
 
 WEBHOOK_PORT = 19099
 
@@ -138,7 +139,7 @@ def table(prom: str, topo: topology.Topology) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if net.State.load() is not None or net._namespaces():
+    if State.load() is not None or net._namespaces():
         print("cleaning up a previous lab:")
         for line in net.down():
             print("  " + line)
@@ -152,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         try:
             net.up(topo)
-        except net.LabError as exc:
+        except LabError as exc:
             raise SystemExit(f"pathprobe demo: {exc}") from exc
         exporters = start_exporters(topo, work, args.slot_seconds)
         alert_log = work / "alerts.log"
@@ -171,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + args.duration if args.duration else None
         tty = sys.stdout.isatty()
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
-            if net.ensure_delay_line(net.State.load() or net.State({}, {})):
+            if shaping.ensure_delay_line(State.load() or State({}, {})):
                 print("delay line had died: restarted", flush=True)
             out = table(prom, topo)
             print(("\x1b[H\x1b[2J" if tty else "\n") + time.strftime("%H:%M:%S ") + prom + "\n" + out, flush=True)
@@ -191,8 +192,8 @@ def start_exporters(topo: topology.Topology, work: Path, slot_seconds: float) ->
         cfg = exporter_config(topo, h.name, work, slot_seconds)
         path = work / f"{h.name}.yaml"
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-        cmd = net.in_ns(net.ns(h.name), [sys.executable, "-m", "pathprobe", "run", "--config", str(path)])
-        net.spawn(cmd, work / f"{h.name}.log", f"exporter {h.name}")
+        cmd = in_ns(ns(h.name), [sys.executable, "-m", "pathprobe", "run", "--config", str(path)])
+        spawn(cmd, work / f"{h.name}.log", f"exporter {h.name}")
         targets.append(cfg["web"]["listen"])
     for t in targets:
         wait_ready(f"http://{t}/metrics", f"exporter {t}", timeout=30)
@@ -215,11 +216,11 @@ def start_monitoring(topo: topology.Topology, work: Path, prom_port: int, am_por
     am_cmd = [binary("prometheus-alertmanager", "alertmanager"), f"--config.file={work / 'alertmanager.yml'}",
               f"--storage.path={work / 'alertmanager-data'}", f"--web.listen-address={am_addr}",
               "--cluster.listen-address="]  # fmt: skip
-    net.spawn(am_cmd, work / "alertmanager.log", "alertmanager")
+    spawn(am_cmd, work / "alertmanager.log", "alertmanager")
     prom_cmd = [binary("prometheus"), f"--config.file={work / 'prometheus.yml'}",
                 f"--storage.tsdb.path={work / 'prometheus-data'}", f"--web.listen-address=127.0.0.1:{prom_port}",
                 "--web.enable-lifecycle"]  # fmt: skip
-    net.spawn(prom_cmd, work / "prometheus.log", "prometheus")
+    spawn(prom_cmd, work / "prometheus.log", "prometheus")
     prom_url = f"http://127.0.0.1:{prom_port}"
     wait_ready(f"{prom_url}/-/ready", "Prometheus")
     wait_ready(f"http://{am_addr}/-/ready", "Alertmanager")

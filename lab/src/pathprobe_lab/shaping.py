@@ -1,0 +1,188 @@
+"""Shaping the lab's paths: rate (HTB on the router, per source), loss (nftables numgen)
+and one-way delay (iptables NFQUEUE to the delay line, delayline.py, which this module
+starts and restarts). Used by `lab up` and by impair/restore."""
+
+from __future__ import annotations
+
+import json
+import select
+import subprocess
+import sys
+from dataclasses import asdict
+
+from pathprobe import procs
+
+from .state import NFT_TABLE, ROUTER, STATE_DIR, LabError, State, in_ns, iptables, sh
+from .topology import PathSpec, resolve
+
+
+def apply_shaping(state: State) -> None:
+    topo = state.topo()
+    hosts = [h.name for h in topo.hosts]
+    for j, dst in enumerate(hosts, start=1):
+        _rate(j, [(i, state.spec(src, dst)) for i, src in enumerate(hosts, start=1) if src != dst])
+    _loss(state, hosts)
+    _delay(state, hosts)
+
+
+def _rate(dst_index: int, sources: list[tuple[int, PathSpec]]) -> None:
+    """One HTB class per source on the router's link towards the destination."""
+    dev = f"r{dst_index}"
+    tc = ["tc", "-n", ROUTER]
+    sh([*tc, "qdisc", "del", "dev", dev, "root"], check=False)
+    shaped = [(i, s) for i, s in sources if s.rate]
+    if not shaped:
+        return
+    # No default class: traffic from the root namespace (scrapes) passes unshaped.
+    sh([*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb"])
+    for i, spec in shaped:
+        rate = f"{spec.rate:.0f}bit"
+        sh(
+            [
+                *tc,
+                "class",
+                "add",
+                "dev",
+                dev,
+                "parent",
+                "1:",
+                "classid",
+                f"1:{i}",
+                "htb",
+                "rate",
+                rate,
+                "ceil",
+                rate,
+                "burst",
+                "256kb",
+                "cburst",
+                "256kb",
+                "quantum",
+                "200000",
+            ]
+        )
+        sh(
+            [
+                *tc,
+                "filter",
+                "add",
+                "dev",
+                dev,
+                "parent",
+                "1:",
+                "protocol",
+                "ip",
+                "prio",
+                "1",
+                "u32",
+                "match",
+                "ip",
+                "src",
+                f"198.18.{i}.0/24",
+                "flowid",
+                f"1:{i}",
+            ]
+        )
+
+
+def _pairs(state: State, hosts: list[str]) -> list[tuple[int, int, PathSpec]]:
+    return [(i, j, state.spec(a, b)) for i, a in enumerate(hosts, start=1)
+            for j, b in enumerate(hosts, start=1) if a != b]  # fmt: skip
+
+
+def _loss(state: State, hosts: list[str]) -> None:
+    rules = [
+        f"ip saddr 198.18.{i}.0/24 ip daddr 198.18.{j}.0/24 numgen random mod 1000000 < {round(s.loss * 1e6)} "
+        "counter drop"
+        for i, j, s in _pairs(state, hosts) if s.loss > 0
+    ]  # fmt: skip
+    # Re-create the whole table in one transaction (rule counters cannot be reset).
+    script = f"table inet {NFT_TABLE} {{}}\ndelete table inet {NFT_TABLE}\n"
+    script += f"table inet {NFT_TABLE} {{\n  chain wan {{\n    type filter hook forward priority -10; policy accept;\n"
+    script += "".join(f"    {r}\n" for r in rules) + "  }\n}\n"
+    sh(in_ns(ROUTER, ["nft", "-f", "-"]), input_text=script)
+
+
+def queue_number(i: int, j: int) -> int:
+    return i * 256 + j
+
+
+def _delay(state: State, hosts: list[str]) -> None:
+    ipt = in_ns(ROUTER, [iptables()])
+    sh([*ipt, "-F", "FORWARD"])
+    queues = {}
+    for i, j, s in _pairs(state, hosts):
+        if s.one_way_delay > 0:
+            q = queue_number(i, j)
+            queues[q] = s.one_way_delay
+            # --queue-bypass: if the delay line is gone, packets pass undelayed (lab status says so).
+            sh(
+                [
+                    *ipt,
+                    "-A",
+                    "FORWARD",
+                    "-s",
+                    f"198.18.{i}.0/24",
+                    "-d",
+                    f"198.18.{j}.0/24",
+                    "-j",
+                    "NFQUEUE",
+                    "--queue-num",
+                    str(q),
+                    "--queue-bypass",
+                ]
+            )
+    _restart_delay_line(state, queues)
+
+
+def _restart_delay_line(state: State, queues: dict[int, float]) -> None:
+    current = [p for p in state.processes if p["what"] == "delay-line"]
+    if (
+        len(current) == 1
+        and procs.alive(current[0]["pid"])
+        and {int(q): d for q, d in current[0]["queues"].items()} == queues
+    ):
+        return  # nothing changed: do not open a window without delay
+    for proc in current:
+        procs.terminate(proc["pid"])
+        state.processes.remove(proc)
+    if queues:
+        cmd = in_ns(ROUTER, [sys.executable, "-m", "pathprobe_lab.delayline", "--queues", json.dumps(queues)])
+        log_path = STATE_DIR / "delay-line.log"
+        with log_path.open("ab") as log_file:
+            child = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        state.processes.append({"pid": child.pid, "what": "delay-line", "queues": queues})
+        state.save()
+        # It prints "ready" once every queue is bound; until then packets would pass undelayed.
+        assert child.stdout is not None
+        ready, _, _ = select.select([child.stdout], [], [], 10)
+        line = child.stdout.readline().decode().strip() if ready else ""
+        child.stdout.close()
+        if line != "ready":
+            raise LabError(f"the delay line did not start: {log_path.read_text()[-500:]}")
+    state.save()
+
+
+def ensure_delay_line(state: State) -> bool:
+    """Restart the delay line if it died; True when it had to."""
+    for proc in state.processes:
+        if proc["what"] == "delay-line" and not procs.alive(proc["pid"]):
+            queues = {int(q): d for q, d in proc["queues"].items()}
+            _restart_delay_line(state, queues)
+            return True
+    return False
+
+
+def set_path(state: State, src: str, dst: str, spec: PathSpec) -> None:
+    state.index(src), state.index(dst)  # validate names
+    state.paths[f"{src}>{dst}"] = asdict(spec)
+    state.save()
+    apply_shaping(state)
+
+
+def restore(state: State, src: str, dst: str) -> PathSpec:
+    spec = resolve(state.topo())[(src, dst)]
+    set_path(state, src, dst, spec)
+    return spec
