@@ -43,8 +43,9 @@ def test_the_iperf3_server_dies_with_a_killed_serve(ports: tuple[int, int]) -> N
         assert proc.stdout is not None and "answering" in proc.stdout.readline()  # ready
         deadline = time.monotonic() + 10
         while not (kids := children(proc.pid)) and time.monotonic() < deadline:
-            time.sleep(0.05)
+            time.sleep(0.01)
         assert kids, "no iperf3 server started"
+        # Killed as soon as the child exists: before or after it has exec'd iperf3, it must go.
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=5)
         deadline = time.monotonic() + 5

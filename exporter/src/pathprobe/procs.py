@@ -13,15 +13,23 @@ import ctypes
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def die_with_parent() -> None:
-    """preexec_fn for children: SIGKILL when the parent goes (Linux)."""
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+def die_with(parent: int) -> Callable[[], None]:
+    """A preexec_fn for children of `parent` (pass os.getpid()): SIGKILL when it goes (Linux).
+    A parent that died between fork and the prctl sends no signal, hence the check after."""
+
+    def preexec() -> None:
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
 
 
 def alive(pid: int) -> bool:

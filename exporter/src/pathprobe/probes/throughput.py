@@ -218,7 +218,7 @@ class ThroughputProber:
                 stdin=asyncio.subprocess.DEVNULL,
                 env=test.env(),
                 start_new_session=True,
-                preexec_fn=procs.die_with_parent,
+                preexec_fn=procs.die_with(os.getpid()),
             )
         except OSError as exc:  # missing, not executable, or not a program
             raise ProbeFailure("error", f"cannot run iperf3 {self.binary!r}: {exc.strerror or exc}") from exc

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -40,7 +41,7 @@ async def supervise(command: list[str], up: Callable[[bool], None], restarted: C
         try:
             proc = await asyncio.create_subprocess_exec(
                 *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE, start_new_session=True, preexec_fn=procs.die_with_parent,
+                stderr=asyncio.subprocess.PIPE, start_new_session=True, preexec_fn=procs.die_with(os.getpid()),
             )  # fmt: skip
         except OSError as exc:
             log.error("cannot start iperf3 server %s: %s", command[0], exc)
