@@ -28,9 +28,11 @@ log = logging.getLogger(__name__)
 
 
 def host_max_mtu() -> int | None:
-    """The largest MTU of this host's network interfaces (None where /sys does not say)."""
+    """The largest MTU of this host's network interfaces but loopback (None where /sys does not say)."""
     mtus = []
     for f in Path("/sys/class/net").glob("*/mtu"):
+        if f.parent.name == "lo":
+            continue
         with contextlib.suppress(OSError, ValueError):
             mtus.append(int(f.read_text()))
     return max(mtus, default=None)

@@ -6,13 +6,14 @@ import argparse
 import asyncio
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 from .. import __version__, config, responders
 from ..collector import registry
-from ..exporter import Exporter
+from ..exporter import Exporter, host_max_mtu
 from ..web import serve
-from .common import EXIT_PROBE_FAILED, stop_on_signals
+from .common import EXIT_BAD_INPUT, EXIT_PROBE_FAILED, stop_on_signals
 
 log = logging.getLogger("pathprobe")
 
@@ -28,8 +29,36 @@ def add_parser(sub: Any) -> None:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     cfg = config.load(args.file)
+    problems = [f"{args.file}: {p}" for p in host_problems(cfg)]
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return EXIT_BAD_INPUT
     print(f"{args.file}: ok ({cfg.host.name}, {len(cfg.peers)} peers)")
     return 0
+
+
+def host_problems(cfg: config.Config) -> list[str]:
+    """What this host cannot do of a valid config (check-config runs where the exporter will)."""
+    problems = []
+    ports = local_port_range()
+    for probe in ("rtt", "loss"):
+        flows = getattr(cfg.probes, probe).flows
+        if ports is not None and flows * (len(cfg.peers) + 1) > ports:
+            problems.append(f"probes.{probe}.flows: {flows} flows to each of {len(cfg.peers)} peers need more "
+                            f"source ports than this host's ip_local_port_range has ({ports})")  # fmt: skip
+    mtu = host_max_mtu()
+    for i, size in enumerate(cfg.probes.mtu.sizes or []):
+        if mtu is not None and size > mtu:
+            problems.append(f"probes.mtu.sizes.{i}: {size} is larger than any interface MTU of this host ({mtu})")
+    return problems
+
+
+def local_port_range() -> int | None:
+    try:
+        low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return None
+    return high - low + 1
 
 
 def cmd_run(args: argparse.Namespace) -> int:
