@@ -75,3 +75,21 @@ def test_a_fleets_parameters_reach_the_dashboards(tmp_path: Path) -> None:
     overview = (out / "overview.json").read_text()
     assert 'job=\\"netprobe\\", env=\\"prod\\"' in overview and 'job=\\"pathprobe\\"' not in overview
     assert "below 70% of expected" in overview
+
+
+def test_every_panel_query_parses(tmp_path: Path) -> None:
+    """PromQL syntax of every query, by the real promtool (the lab runs them for data in test_demo.py)."""
+    substitute = {"$region": ".*", "$host": ".*", "$peer": ".*", "$__rate_interval": "1m", "$volume_tb": "40",
+                  "$price_per_gb": "0.02"}  # fmt: skip
+    rules = []
+    for name, d in dashboards().items():
+        for i, panel in enumerate(panels(d)):
+            for j, target in enumerate(panel["targets"]):
+                expr = target["expr"]
+                for var, value in substitute.items():
+                    expr = expr.replace(var, value)
+                rules.append({"record": f"check:{name.removesuffix('.json').replace('-', '_')}:{i}_{j}", "expr": expr})
+    (tmp_path / "panels.yml").write_text(yaml.safe_dump({"groups": [{"name": "panels", "rules": rules}]}))
+    proc = subprocess.run(["promtool", "check", "rules", str(tmp_path / "panels.yml")], capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr

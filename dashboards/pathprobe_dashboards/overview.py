@@ -16,7 +16,7 @@ def build(p: Params) -> Dashboard:
     sel = selector(p)
     warn, crit = p.throughput_ratio_warning, p.throughput_ratio_critical
     ratio = (f'min by (region, peer_region) (path:pathprobe_throughput_expected_ratio:last{{{sel}, streams="1", '
-             'direction="send"}})')  # fmt: skip
+             'direction="send"})')  # fmt: skip
     rtt = f'max by (region, peer_region) (path:pathprobe_rtt_seconds:p50_5m{{{sel}, protocol="tcp"}})'
     loss = f"max by (region, peer_region) (path:pathprobe_udp_loss_ratio:rate5m{{{sel}}})"
     return (
