@@ -117,7 +117,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     file_sd = work / "file_sd" / "pathprobe.json"
     cmd = [str(BIN / "ansible-playbook"), "-i", str(work / "hosts.yml"), "playbooks/site.yml",
            "playbooks/monitoring.yml", "-e", f"monitoring_file_sd_path={file_sd}",
-           "-e", "monitoring_install_rules=false"]  # fmt: skip
+           "-e", '{"monitoring_install_rules": false}']  # a boolean, not the string "false"
     env = {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
            "ANSIBLE_NOCOLOR": "1", "HOME": str(work)}  # fmt: skip
     first = run(cmd, timeout=1200, env=env)

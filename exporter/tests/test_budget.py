@@ -1,8 +1,16 @@
 """The daily byte budget survives restarts and rolls over at UTC midnight."""
 
+import builtins
+import errno
 import json
+import os
+import tempfile
 from pathlib import Path
+from typing import Any, NoReturn
 
+import pytest
+
+from pathprobe import budget
 from pathprobe.budget import Budget
 
 DAY = 86400.0
@@ -29,14 +37,140 @@ def test_exhausted_budget_blocks_until_next_period(tmp_path: Path) -> None:
     assert b.remaining() == 1000
 
 
-def test_corrupt_state_is_not_fatal(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"{not json",
+        b"null",
+        b"[]",
+        b'"str"',
+        b"\x89PNG\x00\xff",
+        b'{"period": "2024-10-04"}',
+        b'{"period": "2024-10-04", "used_bytes": 1e400}',
+        b'{"period": "2024-10-04", "used_bytes": -5}',
+        b'{"period": "2024-10-04", "used_bytes": "600"}',
+        b'{"period": "2024-10-04", "used_bytes": true}',
+        b'{"period": "2024-10-04", "used_bytes": null}',
+        b'{"period": 7, "used_bytes": 10}',
+        b'{"period": "yesterday", "used_bytes": 10}',
+        b"[" * 100000,
+        b" " * 10000,
+    ],
+)
+def test_a_corrupt_state_file_counts_the_day_as_spent(tmp_path: Path, content: bytes) -> None:
+    # Regression (issue 17.7): these crashed `run` with a traceback (null, [], "str", 1e400) or
+    # granted a fresh allowance (garbage, a negative count). Now: the day counts as spent.
     state = tmp_path / "b.json"
-    state.write_text("{not json")
-    assert Budget(1000, state, clock=lambda: NOON).remaining() == 1000
+    state.write_bytes(content)
+    now = [NOON]
+    b = Budget(1000, state, clock=lambda: now[0])
+    assert b.remaining() == 0 and not b.allows(1)
+    assert b.load_error is not None and str(state) in b.load_error
+    now[0] = 20001 * DAY + 1  # the next UTC day: a fresh allowance, and the file is whole again
+    assert b.remaining() == 1000
+    assert b.spend(10)
+    assert json.loads(state.read_text()) == {"period": "2024-10-05", "used_bytes": 10}
+
+
+@pytest.mark.parametrize("kind", ["directory", "unreadable"])
+def test_a_state_file_that_cannot_be_read_counts_the_day_as_spent(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = tmp_path / "b.json"
+    if kind == "directory":
+        state.mkdir()
+    else:
+        state.write_text('{"period": "2024-10-04", "used_bytes": 1}')
+        state.chmod(0)
+        if os.geteuid() == 0:  # root reads any file: the permission error it would get, at open()
+            deny_open(monkeypatch, state)
+    b = Budget(1000, state, clock=lambda: NOON)
+    assert b.remaining() == 0 and b.load_error is not None
+
+
+def test_an_old_period_is_a_fresh_day_whatever_its_count(tmp_path: Path) -> None:
+    state = tmp_path / "b.json"
+    state.write_text('{"period": "2024-10-03", "used_bytes": -1}')
+    b = Budget(1000, state, clock=lambda: NOON)
+    assert b.remaining() == 1000 and b.load_error is None
+
+
+def test_a_missing_state_file_starts_from_zero(tmp_path: Path) -> None:
+    b = Budget(1000, tmp_path / "none.json", clock=lambda: NOON)
+    assert b.remaining() == 1000 and b.load_error is None
+
+
+def test_a_clock_stepped_back_over_midnight_keeps_the_later_day(tmp_path: Path) -> None:
+    # Regression (issue 17.13): the budget of the day was reset when the clock went back.
+    state = tmp_path / "b.json"
+    now = [20001 * DAY + 5]  # 00:00:05 of the next day
+    b = Budget(1000, state, clock=lambda: now[0])
+    b.spend(700)
+    now[0] = 20001 * DAY - 2  # stepped back to 23:59:58 of the day before
+    assert b.remaining() == 300
+    assert b.period_end() == 20002 * DAY
+    # ... and across a restart under the stepped-back clock
+    again = Budget(1000, state, clock=lambda: now[0])
+    assert again.remaining() == 300 and again.period_end() == 20002 * DAY
+    now[0] = 20002 * DAY + 1
+    assert again.remaining() == 1000
+
+
+@pytest.mark.parametrize("kind", ["directory", "read_only_dir", "parent_is_a_file"])
+def test_spend_never_raises_when_the_state_cannot_be_written(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Regression (issue 17.3 trigger): an OSError from the write killed the throughput loop.
+    state = tmp_path / "d" / "b.json"
+    state.parent.mkdir()
+    b = Budget(1000, state, clock=lambda: NOON)  # started fine; the path breaks while running
+    if kind == "directory":
+        state.mkdir()
+    elif kind == "read_only_dir":
+        state.parent.chmod(0o500)
+        if os.geteuid() == 0:  # root writes into read-only directories: the error it would get
+            monkeypatch.setattr(tempfile, "mkstemp", lambda **kw: _raise(PermissionError(13, "Permission denied")))
+    else:
+        state.parent.rmdir()
+        state.parent.write_text("")
+    assert b.spend(300) is False
+    assert b.spend(300) is False
+    assert b.remaining() == 400  # counted in memory all the same
+    assert b.save_failures == 2 and b.save_error
+    if kind == "directory":
+        state.rmdir()
+        assert b.spend(100) is True
+        assert b.save_error is None
+        assert json.loads(state.read_text())["used_bytes"] == 700
+
+
+def test_spend_survives_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(*_: object, **__: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(budget, "write_atomic", full)
+    b = Budget(1000, tmp_path / "b.json", clock=lambda: NOON)
+    assert b.spend(10) is False and b.save_error == os.strerror(errno.ENOSPC)
 
 
 def test_state_file_is_written_whole(tmp_path: Path) -> None:
     state = tmp_path / "sub" / "b.json"
     Budget(1000, state, clock=lambda: NOON).spend(10)
     assert json.loads(state.read_text()) == {"period": "2024-10-04", "used_bytes": 10}
-    assert not list(state.parent.glob("*.tmp"))
+    assert not list(state.parent.glob("*.tmp")) and not list(state.parent.glob(".*.tmp"))
+
+
+def _raise(exc: BaseException) -> NoReturn:
+    raise exc
+
+
+def deny_open(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
+    """open() of `path` fails as it does for a user without permission (root is never refused)."""
+    real = builtins.open
+
+    def guarded(file: Any, *args: Any, **kwargs: Any) -> Any:
+        if Path(file) == path:
+            raise PermissionError(13, "Permission denied", str(file))
+        return real(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", guarded)

@@ -1,3 +1,6 @@
+import time
+from typing import Any
+
 import pytest
 
 from pathprobe.units import format_bits, parse_duration, parse_quantity, parse_ratio
@@ -41,3 +44,21 @@ def test_durations_and_ratios() -> None:
 def test_format_bits() -> None:
     assert format_bits(4.75e9) == "4.75 Gbit/s"
     assert format_bits(224e6) == "224 Mbit/s"
+
+
+@pytest.mark.parametrize("parse", [parse_quantity, parse_duration, parse_ratio])
+@pytest.mark.parametrize("bad", [None, [], {}, float("inf"), float("nan"), -float("inf"), 10**400, "1e999"])
+def test_anything_not_a_finite_number_is_a_value_error(parse: Any, bad: object) -> None:
+    # Regression (issue 17.8): None, lists and dicts raised TypeError, 10**400 OverflowError, and
+    # inf passed: errors that config validation could not turn into a message.
+    with pytest.raises(ValueError, match="what"):
+        parse(bad, "what")
+
+
+@pytest.mark.parametrize("parse", [parse_quantity, parse_duration, parse_ratio])
+def test_a_long_string_is_refused_at_once(parse: Any) -> None:
+    # The patterns backtrack quadratically on a run of digits: 16,000 digits took 22 s.
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="cannot read"):
+        parse("9" * 20_000 + "x", "what")
+    assert time.monotonic() - start < 0.5

@@ -1,13 +1,26 @@
-"""/metrics serving: snapshots, basic auth (WSGI app called directly)."""
+"""/metrics serving: snapshots, basic auth (WSGI app called directly), and the server
+on real sockets: TLS, idle, slow and many clients."""
 
 import base64
+import concurrent.futures
+import contextlib
 import gzip
+import http.client
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
-from pathprobe.web import Snapshot, make_app
+from pathprobe.config import BasicAuth, TlsSettings, WebSettings
+from pathprobe.web import Snapshot, make_app, serve
 
 
 def call(app: Any, path: str = "/metrics", auth: str | None = None) -> tuple[str, bytes]:
@@ -69,3 +82,163 @@ def test_paths() -> None:
     app = make_app(Snapshot(r), None)
     assert call(app, "/")[0].startswith("200")
     assert call(app, "/nope")[0].startswith("404")
+
+
+# --- the server on real sockets (127.0.0.1): TLS, basic auth, idle and slow clients ---
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-subj", "/CN=127.0.0.1", "-days", "1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=30,
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.fixture
+def secured(tls_files: tuple[Path, Path], tmp_path: Path) -> WebSettings:
+    password = tmp_path / "password"
+    password.write_text("s3cret\n")
+    return WebSettings(
+        listen="127.0.0.1:0",
+        tls=TlsSettings(cert_file=tls_files[0], key_file=tls_files[1]),
+        basic_auth=BasicAuth(username="prom", password_file=password),
+    )
+
+
+@contextlib.contextmanager
+def running(settings: WebSettings, **kw: Any) -> Iterator[tuple[Any, int]]:
+    r, _ = registry_with(1)
+    server = serve(settings, r, **kw)
+    try:
+        yield server, server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def scrape(port: int, tls: bool = True, auth: str | None = "prom:s3cret", timeout: float = 3.0) -> tuple[int, bytes]:
+    if tls:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout, context=ctx)
+    else:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    headers = {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()} if auth else {}
+    try:
+        conn.request("GET", "/metrics", headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def closed_by_server(sock: socket.socket, within: float) -> bool:
+    """True when the server closes `sock` (EOF or reset) within `within` seconds; what it sends first
+    (a TLS alert) is read and dropped."""
+    end = time.monotonic() + within
+    try:
+        while (left := end - time.monotonic()) > 0:
+            sock.settimeout(left)
+            if sock.recv(4096) == b"":
+                return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        pass
+    return False
+
+
+def test_an_idle_connection_does_not_block_tls_scrapes(secured: WebSettings) -> None:
+    # Regression (issue 17.1): the listening socket was wrapped in TLS, so accept() ran the
+    # handshake of the idle connection on the serving thread, without a timeout: every
+    # scrape after it hung.
+    with running(secured) as (_, port), socket.create_connection(("127.0.0.1", port)):
+        start = time.monotonic()
+        status, body = scrape(port, timeout=2.0)
+        assert status == 200 and b"pathprobe_test_value 1.0" in body
+        assert time.monotonic() - start < 2.0
+
+
+def test_32_concurrent_tls_scrapes_all_succeed(secured: WebSettings) -> None:
+    with running(secured) as (_, port), socket.create_connection(("127.0.0.1", port)):
+        barrier = threading.Barrier(32)
+
+        def one(_: int) -> int:
+            barrier.wait(timeout=10)
+            return scrape(port, timeout=5.0)[0]
+
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            assert list(pool.map(one, range(32))) == [200] * 32
+
+
+def test_idle_connections_are_closed_after_the_timeout_plain_and_tls(secured: WebSettings) -> None:
+    plain = WebSettings(listen="127.0.0.1:0")
+    for settings in (plain, secured):
+        with running(settings, io_timeout=0.5) as (server, port):
+            with socket.create_connection(("127.0.0.1", port)) as idle:
+                assert closed_by_server(idle, within=5.0)
+            assert scrape(port, tls=settings.tls is not None)[0] == 200
+            reason = "tls_handshake" if settings.tls else "timeout"
+            assert server.stats.refused[reason] >= 1
+
+
+def test_a_trickling_client_is_cut_at_the_deadline() -> None:
+    with running(WebSettings(listen="127.0.0.1:0"), io_timeout=1.0, deadline=1.0) as (server, port):
+        with socket.create_connection(("127.0.0.1", port)) as slow:
+            start = time.monotonic()
+            closed = False
+            for ch in b"GET /metrics HTTP/1.1\r\nX-Slow: " + b"a" * 100:
+                try:
+                    slow.send(bytes([ch]))
+                except OSError:
+                    closed = True
+                    break
+                if closed_by_server(slow, within=0.2):  # a byte every 0.2 s beats the 1 s read timeout
+                    closed = True
+                    break
+            assert closed and time.monotonic() - start < 5.0
+        assert server.stats.refused["deadline"] == 1
+        assert scrape(port, tls=False, auth=None)[0] == 200
+
+
+def test_workers_are_bounded_and_serve_again_when_idle_clients_go() -> None:
+    before = threading.active_count()
+    with running(WebSettings(listen="127.0.0.1:0"), io_timeout=0.5, max_workers=4) as (server, port):
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+        try:
+            peak = threading.active_count()
+            assert peak - before <= 4 + 3  # the workers, the serving thread, the reaper, the renderer
+            assert scrape(port, tls=False, auth=None, timeout=15.0)[0] == 200
+        finally:
+            for s in idle:
+                s.close()
+        assert server.stats.refused["timeout"] + server.stats.refused["busy"] >= 1
+
+
+def test_plain_http_on_the_tls_port_is_refused_and_counted(secured: WebSettings) -> None:
+    with running(secured) as (server, port):
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            assert closed_by_server(s, within=5.0)
+        assert server.stats.refused["tls_handshake"] == 1
+        assert scrape(port)[0] == 200
+
+
+def test_credentials_over_tls_none_wrong_and_oversized(secured: WebSettings) -> None:
+    with running(secured) as (server, port):
+        assert scrape(port, auth=None)[0] == 401
+        assert scrape(port, auth="prom:wrong")[0] == 401
+        assert scrape(port, auth="prom:" + "x" * 5000)[0] == 431
+        status, body = scrape(port)
+        assert status == 200
+        assert b'pathprobe_web_refused_total{reason="unauthorized"} 2' in body
+        assert b'pathprobe_web_refused_total{reason="header_too_large"} 1' in body
+        assert server.stats.refused["unauthorized"] == 2

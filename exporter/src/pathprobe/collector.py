@@ -339,6 +339,18 @@ class Collector:
             self.cfg.budget.daily_bytes,
         )
         yield _one(
+            CounterMetricFamily,
+            "pathprobe_budget_save_failures",
+            "Times the budget state file could not be written (the count goes on in memory; see the log).",
+            self.budget.save_failures,
+        )
+        yield _one(
+            GaugeMetricFamily,
+            "pathprobe_budget_state_unusable",
+            "1 when the budget state file was unusable at start: today counts as spent (see the log).",
+            1 if self.budget.load_error else 0,
+        )
+        yield _one(
             GaugeMetricFamily,
             "pathprobe_budget_period_end_timestamp_seconds",
             "Unix time at which the current budget period ends.",

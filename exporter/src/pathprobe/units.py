@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _SI = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
@@ -9,23 +10,59 @@ _BIN = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50}
 _NUMBER = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgtp]i?)?\s*(b|bit|bits|bps|bit/s|B)?\s*$", re.I)
 
 
-def parse_quantity(value: int | float | str, what: str) -> float:
+# Longer strings are refused before any regular expression sees them: the patterns
+# below backtrack quadratically on a long run of digits (16,000 digits took 22 s).
+_MAX_TEXT = 64
+
+
+def _number(value: object, what: str, example: str) -> float:
+    """A YAML/JSON number (not a string) as a finite float.
+
+    Anything else (null, a list, a mapping, a boolean) and numbers that are not finite
+    (.inf, NaN, 1e999, an integer too large for a float) are a ValueError naming `what`,
+    never a TypeError or OverflowError: config validation turns ValueErrors into messages.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        kind = "a boolean" if isinstance(value, bool) else "null" if value is None else f"a {type(value).__name__}"
+        raise ValueError(f"{what} must be a number or a string like {example!r}, not {kind}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError(f"{what} is too large") from None
+    return _finite(number, what)
+
+
+def _finite(number: float, what: str) -> float:
+    if not math.isfinite(number):
+        raise ValueError(f"{what} must be a finite number")
+    return number
+
+
+def _match(pattern: re.Pattern[str], text: str, what: str, examples: str) -> re.Match[str]:
+    m = pattern.match(text) if len(text) <= _MAX_TEXT else None
+    if not m:
+        raise ValueError(f"{what}: cannot read {_show(text)} (expected e.g. {examples})")
+    return m
+
+
+def _show(text: str, limit: int = 40) -> str:
+    """A user's string for an error message, cut short (a config may hold megabytes)."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + "..."
+
+
+def parse_quantity(value: object, what: str) -> float:
     """'500M' -> 5e8, '4Mi' -> 4194304, '40TB' -> 4e13; numbers pass through.
 
     SI prefixes are powers of 1000, as iperf3's -b; 'Ki'/'Mi'/... powers of 1024.
     The trailing unit letter (b, bit, B) is accepted and ignored: the caller's
-    field says whether it holds bits or bytes.
+    field says whether it holds bits or bytes. Always a finite number or a ValueError.
     """
-    if isinstance(value, bool):
-        raise ValueError(f"{what} must be a number or a string like '500M', not a boolean")
-    if isinstance(value, (int, float)):
-        number = float(value)
-    else:
-        m = _NUMBER.match(value)
-        if not m:
-            raise ValueError(f"{what}: cannot read {value!r} (expected e.g. 500M, 2G, 4Mi)")
+    if isinstance(value, str):
+        m = _match(_NUMBER, value, what, "500M, 2G, 4Mi")
         prefix = (m.group(2) or "").lower()
-        number = float(m.group(1)) * (_BIN[prefix] if prefix in _BIN else _SI[prefix])
+        number = _finite(float(m.group(1)) * (_BIN[prefix] if prefix in _BIN else _SI[prefix]), what)
+    else:
+        number = _number(value, what, "500M")
     if number < 0:
         raise ValueError(f"{what} must not be negative")
     return number
@@ -50,34 +87,30 @@ _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(us|ms|s)?\s*$")
 _DURATION_SCALE = {"us": 1e-6, "ms": 1e-3, "s": 1.0, None: 1.0}
 
 
-def parse_duration(value: int | float | str, what: str) -> float:
+def parse_duration(value: object, what: str) -> float:
     """'4ms' -> 0.004, '250us' -> 0.00025; a bare number is seconds."""
-    if isinstance(value, bool):
-        raise ValueError(f"{what} must be a duration like '4ms', not a boolean")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
+    if isinstance(value, str):
+        m = _match(_DURATION, value, what, "4ms, 250us, 1.5s")
+        seconds = _finite(float(m.group(1)) * _DURATION_SCALE[m.group(2)], what)
     else:
-        m = _DURATION.match(value)
-        if not m:
-            raise ValueError(f"{what}: cannot read {value!r} (expected e.g. 4ms, 250us, 1.5s)")
-        seconds = float(m.group(1)) * _DURATION_SCALE[m.group(2)]
+        seconds = _number(value, what, "4ms")
     if seconds < 0:
         raise ValueError(f"{what} must not be negative")
     return seconds
 
 
-def parse_ratio(value: int | float | str, what: str) -> float:
+def parse_ratio(value: object, what: str) -> float:
     """'1%' -> 0.01; a bare number is a ratio from 0 to 1."""
-    if isinstance(value, bool):
-        raise ValueError(f"{what} must be a ratio like '1%' or 0.01, not a boolean")
     if isinstance(value, str):
         text = value.strip()
         try:
+            if len(text) > _MAX_TEXT:
+                raise ValueError(text)
             ratio = float(text[:-1]) / 100 if text.endswith("%") else float(text)
         except ValueError as exc:
-            raise ValueError(f"{what}: cannot read {value!r} (expected e.g. 1%, 0.01)") from exc
+            raise ValueError(f"{what}: cannot read {_show(value)} (expected e.g. 1%, 0.01)") from exc
     else:
-        ratio = float(value)
-    if not 0 <= ratio <= 1:
+        ratio = _number(value, what, "1%")
+    if not 0 <= ratio <= 1:  # also refuses NaN
         raise ValueError(f"{what} must be between 0 and 1 (0% and 100%)")
     return ratio

@@ -8,6 +8,14 @@ scrapes keep coming, and a scrape returns the latest snapshot at once. Only the
 very first scrape renders in the request. What a scrape reads is at most
 `refresh` seconds old (it says how old in pathprobe_scrape_snapshot_age_seconds),
 and every result carries its own timestamp metric.
+
+Connections are handled so that no client can hold the others off: the listening
+socket is never wrapped in TLS (the handshake of each connection runs in its own
+worker thread, under the socket timeout), every socket has a timeout for each read
+and write and a deadline for the whole connection, the listen backlog is 128, and
+at most `max_workers` connections are served at once (more wait for a worker up to
+a second, then are closed). Connections refused or cut short are counted in
+pathprobe_web_refused_total{reason}, rendered with the snapshot's trailer.
 """
 
 from __future__ import annotations
@@ -15,28 +23,61 @@ from __future__ import annotations
 import base64
 import gzip
 import hmac
+import io
 import logging
 import socket
 import ssl
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from .config import WebSettings
 
+if TYPE_CHECKING:
+    from _typeshed.wsgi import ErrorStream
+
 log = logging.getLogger(__name__)
 
 StartResponse = Callable[..., Any]
 
 
+REFUSED_REASONS = ("busy", "deadline", "timeout", "tls_handshake", "unauthorized", "header_too_large")
+
+
+class Stats:
+    """Connections refused or cut short, by reason (REFUSED_REASONS); shared by the server and the app."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.refused: Counter[str] = Counter()
+
+    def refuse(self, reason: str) -> None:
+        with self._lock:
+            self.refused[reason] += 1
+
+    def exposition(self) -> bytes:
+        with self._lock:
+            counts = dict(self.refused)
+        lines = [
+            "# HELP pathprobe_web_refused_total Connections to /metrics refused or cut short, by reason.",
+            "# TYPE pathprobe_web_refused_total counter",
+            *(f'pathprobe_web_refused_total{{reason="{r}"}} {counts.get(r, 0)}' for r in REFUSED_REASONS),
+        ]
+        return ("\n".join(lines) + "\n").encode()
+
+
 class Snapshot:
-    def __init__(self, registry: CollectorRegistry, refresh: float = 5.0, idle_after: float = 300.0):
+    def __init__(
+        self, registry: CollectorRegistry, refresh: float = 5.0, idle_after: float = 300.0, stats: Stats | None = None
+    ):
         self.registry = registry
+        self.stats = stats
         self.refresh, self.idle_after = refresh, idle_after
         self._lock = threading.Lock()
         self._body = b""
@@ -78,6 +119,9 @@ class Snapshot:
         self._scraped.set()
         with self._lock:
             trailer = _trailer(time.monotonic() - self._taken, self._render_seconds)
+        if self.stats is not None:
+            trailer += self.stats.exposition()
+        with self._lock:
             if gzipped:
                 return self._gzipped + gzip.compress(trailer, compresslevel=1)
             return self._body + trailer
@@ -97,6 +141,9 @@ def _trailer(age: float, render_seconds: float) -> bytes:
 LANDING = b"""<html><head><title>pathprobe</title></head><body><h1>pathprobe</h1>
 <p><a href="/metrics">Metrics</a></p></body></html>"""
 
+# An Authorization header longer than this is refused before any comparison.
+MAX_AUTHORIZATION = 1024
+
 
 def make_app(
     snapshot: Snapshot, basic_auth: tuple[str, str] | None
@@ -104,11 +151,22 @@ def make_app(
     expected = None
     if basic_auth:
         expected = b"Basic " + base64.b64encode(f"{basic_auth[0]}:{basic_auth[1]}".encode())
+    stats = snapshot.stats
+
+    def refuse(reason: str) -> None:
+        if stats is not None:
+            stats.refuse(reason)
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         if expected is not None:
             given = environ.get("HTTP_AUTHORIZATION", "").encode()
+            if len(given) > MAX_AUTHORIZATION:
+                refuse("header_too_large")
+                start_response("431 Request Header Fields Too Large", [("Content-Type", "text/plain")])
+                return [b"Authorization header too large\n"]
+            # Constant time: the time taken says nothing about how much of the password matched.
             if not hmac.compare_digest(given, expected):
+                refuse("unauthorized")
                 start_response("401 Unauthorized", [("WWW-Authenticate", 'Basic realm="pathprobe"')])
                 return [b"Unauthorized\n"]
         path = environ.get("PATH_INFO", "/")
@@ -131,7 +189,89 @@ def make_app(
 
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
+    block_on_close = False
     allow_reuse_address = True
+    request_queue_size = 128  # listen backlog (socketserver's default of 5 dropped concurrent scrapes)
+    # Set by serve() before the first connection:
+    ssl_context: ssl.SSLContext | None = None
+    stats: Stats
+    io_timeout = 10.0  # each read and write, the TLS handshake included
+    deadline = 60.0  # a whole connection
+    _slots: threading.BoundedSemaphore
+
+    def configure(self, stats: Stats, io_timeout: float, deadline: float, max_workers: int) -> None:
+        self.stats, self.io_timeout, self.deadline = stats, io_timeout, deadline
+        self._slots = threading.BoundedSemaphore(max_workers)
+        self._lock = threading.Lock()
+        self._open: dict[int, float] = {}  # fd -> monotonic deadline of connections being served
+        self._stopped = threading.Event()
+        threading.Thread(target=self._reap, name="metrics-reaper", daemon=True).start()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """In the serving thread: hand the connection to a worker, if one is free within a second."""
+        if not self._slots.acquire(timeout=1.0):
+            self.stats.refuse("busy")
+            self.shutdown_request(request)
+            return
+        try:
+            with self._lock:
+                self._open[request.fileno()] = time.monotonic() + self.deadline
+            super().process_request(request, client_address)
+        except BaseException:
+            self._forget(request.fileno())
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        """In a worker: TLS handshake (under the timeout), then the HTTP exchange."""
+        fd = request.fileno()
+        conn = request
+        try:
+            request.settimeout(self.io_timeout)
+            if self.ssl_context is not None:
+                try:
+                    conn = self.ssl_context.wrap_socket(request, server_side=True)
+                except OSError as exc:  # ssl.SSLError, a timeout, a reset: one client's problem
+                    self.stats.refuse("tls_handshake")
+                    log.debug("metrics: TLS handshake with %s failed: %s", client_address, exc)
+                    return
+            self.finish_request(conn, client_address)
+        except TimeoutError as exc:  # reading the request (writes time out inside wsgiref's handler)
+            self.stats.refuse("timeout")
+            log.debug("metrics: connection from %s: %s", client_address, exc)
+        except OSError as exc:  # resets, a connection cut at its deadline
+            log.debug("metrics: connection from %s: %s", client_address, exc)
+        except Exception:
+            self.handle_error(conn, client_address)
+        finally:
+            self._forget(fd)  # before the close: the reaper must never touch a reused descriptor
+            self.shutdown_request(conn)
+            self._slots.release()
+
+    def _forget(self, fd: int) -> None:
+        with self._lock:
+            self._open.pop(fd, None)
+
+    def _reap(self) -> None:
+        """Cut connections past their deadline (a client that trickles bytes beats a per-read timeout)."""
+        while not self._stopped.wait(0.25):
+            now = time.monotonic()
+            with self._lock:
+                for fd, deadline in list(self._open.items()):
+                    if now > deadline:
+                        del self._open[fd]
+                        self.stats.refuse("deadline")
+                        sock = socket.socket(fileno=fd)
+                        try:
+                            sock.shutdown(socket.SHUT_RDWR)  # wakes the worker; it closes the socket
+                        except OSError:
+                            pass
+                        finally:
+                            sock.detach()
+
+    def shutdown(self) -> None:
+        self._stopped.set()
+        super().shutdown()
 
 
 class _Server6(_Server):
@@ -139,22 +279,46 @@ class _Server6(_Server):
 
 
 class _QuietHandler(WSGIRequestHandler):
+    server: _Server
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         log.debug(format, *args)
 
+    def get_stderr(self) -> ErrorStream:
+        """Where wsgiref writes the traceback of a failed response (e.g. a write timeout): the debug log."""
+        return _DebugLog()
 
-def serve(settings: WebSettings, registry: CollectorRegistry) -> WSGIServer:
+
+class _DebugLog(io.TextIOBase):
+    def write(self, text: str) -> int:
+        if text.strip():
+            log.debug("metrics: %s", text.rstrip())
+        return len(text)
+
+
+def serve(
+    settings: WebSettings,
+    registry: CollectorRegistry,
+    *,
+    io_timeout: float = 10.0,
+    deadline: float = 60.0,
+    max_workers: int = 64,
+) -> WSGIServer:
     """Start the metrics server in a daemon thread; returns it for shutdown()."""
     auth = None
     if settings.basic_auth:
         auth = (settings.basic_auth.username, settings.basic_auth.password_file.read_text().strip())
-    host, port = settings.address()
-    server_class = _Server6 if ":" in host else _Server
-    server = make_server(host, port, make_app(Snapshot(registry), auth), server_class, _QuietHandler)
+    ctx = None
     if settings.tls:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.load_cert_chain(str(settings.tls.cert_file), str(settings.tls.key_file))
-        server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    host, port = settings.address()
+    server_class = _Server6 if ":" in host else _Server
+    stats = Stats()
+    server = make_server(host, port, make_app(Snapshot(registry, stats=stats), auth), server_class, _QuietHandler)
+    assert isinstance(server, _Server)
+    server.ssl_context = ctx
+    server.configure(stats, io_timeout, deadline, max_workers)
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return server

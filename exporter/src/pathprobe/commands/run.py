@@ -28,7 +28,7 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    cfg = config.load(args.file)
+    cfg = config.load(args.file, check_files=True)
     problems = [f"{args.file}: {p}" for p in host_problems(cfg)]
     if problems:
         print("\n".join(problems), file=sys.stderr)
@@ -62,7 +62,7 @@ def local_port_range() -> int | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    cfg = config.load(args.config)
+    cfg = config.load(args.config, check_files=True)
     exporter = Exporter(cfg)
     server = serve(cfg.web, registry(exporter.collector))
     log.info("pathprobe %s for %s: metrics on %s", __version__, cfg.host.name, cfg.web.listen)
