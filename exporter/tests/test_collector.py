@@ -157,3 +157,21 @@ def test_quantiles_cover_a_sliding_window_and_keep_loaded_samples_apart(tmp_path
     got = samples(e)
     assert not [k for k in got if k[0] == "pathprobe_rtt_seconds" and ("state", "idle") in k[1]]
     assert value(got, "pathprobe_rtt_seconds_count", peer="b", state="idle") == 100
+
+
+def test_rtt_samples_are_loaded_while_a_test_may_run_and_idle_after(tmp_path: Path) -> None:
+    cfg = config(
+        tmp_path,
+        schedule={"slot_seconds": 30, "jitter_seconds": 1, "timeout_margin_seconds": 3},
+        probes={"throughput": {"streams": [1, 4], "duration_seconds": 3, "omit_seconds": 1}},
+    )
+    e = Exporter(cfg)
+    slot = 30 * 1000  # a slot in which host a has a partner (3 hosts: one sits out each slot)
+    while e.schedule.partner("a", slot // 30) is None:
+        slot += 30
+    # The half's tests run 1 s of jitter + 2 x (1 + 3) s: loaded for 9 s, then idle.
+    assert e.load_state("b", slot + 5) == "loaded"
+    assert e.load_state("b", slot + 15 + 5) == "loaded"  # the other half: the partner's turn
+    partner = e.schedule.partner("a", slot // 30)
+    other = ({"b", "c"} - {partner}).pop()  # sits out this slot: only a's own turns make it loaded
+    assert e.load_state(other, slot + 12) == "idle"

@@ -292,14 +292,17 @@ class Config(Strict):
         changes = peer.throughput.model_dump(exclude_none=True)
         return self.probes.throughput.model_copy(update=changes)
 
-    def half_slot_need(self) -> float:
+    def half_slot_need(self, with_margin: bool = True) -> float:
+        """Seconds a half-slot's tests take at most (with the timeout margin of each: what the
+        slot must hold) or as run (without it: when a host is in a test, for the RTT's state)."""
         sched = self.schedule
+        margin = sched.timeout_margin_seconds if with_margin else 0.0
         worst = 0.0
         for peer in self.peers:
             t = self.throughput_for(peer)
             if not t.enabled:
                 continue
-            worst = max(worst, len(t.tests()) * (t.omit_seconds + t.duration_seconds + sched.timeout_margin_seconds))
+            worst = max(worst, len(t.tests()) * (t.omit_seconds + t.duration_seconds + margin))
         return worst + sched.jitter_seconds if worst else 0.0
 
 

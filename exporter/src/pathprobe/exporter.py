@@ -61,7 +61,7 @@ class Exporter:
     def load_state(self, peer: str, now: float) -> str:
         """RTT samples taken while this host or the peer may be in a throughput test sit
         behind that test's queue: they are kept apart as "loaded"."""
-        active = self.cfg.half_slot_need()
+        active = self.cfg.half_slot_need(with_margin=False)
         if active and (self.schedule.busy(self.cfg.host.name, now, active) or self.schedule.busy(peer, now, active)):
             return "loaded"
         return "idle"

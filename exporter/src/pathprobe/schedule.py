@@ -91,8 +91,8 @@ class Schedule:
     def busy(self, host: str, now: float, active_seconds: float) -> bool:
         """Whether `host` may be in a throughput test at `now`: it has a partner in this
         slot (so it is the client in one half and the server in the other) and `now` is
-        within `active_seconds` of the start of the current half (the most a half's tests
-        take: ThroughputSettings and Config.half_slot_need)."""
+        within `active_seconds` of the start of the current half (what a half's tests take
+        as run: Config.half_slot_need(with_margin=False))."""
         slot = int(now // self.slot_seconds)
         if self.partner(host, slot) is None:
             return False
