@@ -139,15 +139,17 @@ def main() -> None:
     # Listening on every address so that it answers all of 127.0.x.y (loopback only).
     responders = subprocess.Popen([*PATHPROBE, "serve", "--listen", "0.0.0.0", "--allow", "127.0.0.0/8",
                                    "--rr-port", "19470", "--echo-port", "19470", "--iperf3-port", "15201",
-                                   # every prober connects from 127.0.0.1 here
-                                   "--rr-max-connections-per-source", "100"],
+                                   # every prober connects from 127.0.0.1 here, 8 flows each
+                                   "--rr-max-connections-per-source", "1000"],
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
     assert responders.stdout is not None and responders.stdout.readline()  # ready
     try:
         s = scrape_latency()
-        off = {"throughput": {"enabled": False}, "rtt": {"enabled": False}, "loss": {"enabled": False}}
+        off = {"throughput": {"enabled": False}, "rtt": {"enabled": False}, "loss": {"enabled": False},
+               "mtu": {"enabled": False}}  # fmt: skip
         idle_cpu, idle_rss = exporter_cost(50, off, seconds=15)
-        busy = {"throughput": {"enabled": False}, "rtt": {"interval_seconds": 0.1}, "loss": {"rate_pps": 10}}
+        busy = {"throughput": {"enabled": False}, "rtt": {"interval_seconds": 0.1}, "loss": {"rate_pps": 10},
+                "mtu": {"enabled": False}}  # fmt: skip
         rtt_cpu, rtt_rss = exporter_cost(50, {**busy, "loss": {"enabled": False}})
         all_cpu, all_rss = exporter_cost(50, busy)
     finally:

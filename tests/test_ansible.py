@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from helpers import topology, wait_for
-from pathprobe import promql
+from pathprobe import config, promql
 from pathprobe_lab import demo, net
 from pathprobe_lab.state import in_ns, ns, spawn
 from pathprobe_lab.topology import address
@@ -51,6 +51,73 @@ def test_argument_specs_list_exactly_the_defaults() -> None:
     assert all(name.startswith("pathprobe_") for name in defaults)
     for name, spec in specs.items():
         assert spec["description"], name
+
+
+# --- one source for every default: the role passes the exporter's settings through ------
+PASS_THROUGH = ["pathprobe_probes", "pathprobe_schedule", "pathprobe_budget", "pathprobe_responders",
+                "pathprobe_iperf3"]  # fmt: skip
+
+
+def render_role_config(tmp_path: Path, extra: dict) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """The role's config template for host a of a two-host mesh, with the role's defaults and
+    `extra` as extra vars, checked by `pathprobe check-config` as the role does."""
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    out = tmp_path / "pathprobe.yaml"
+    inventory = {"all": {"vars": defaults, "children": {"pathprobe": {"hosts": {
+        "a": {"pathprobe_region": "r1", "pathprobe_address": "127.0.0.1", "ansible_connection": "local",
+              "ansible_python_interpreter": sys.executable},
+        "b": {"pathprobe_region": "r2", "pathprobe_address": "127.0.0.2"},
+    }}}}}  # fmt: skip
+    play = [{"name": "Render the role's config", "hosts": "a", "gather_facts": False, "tasks": [
+        {"name": "Template", "ansible.builtin.template": {
+            "src": str(ROLE / "templates" / "pathprobe.yaml.j2"), "dest": str(out), "mode": "0644",
+            "validate": f"{BIN / 'pathprobe'} check-config %s"}}]}]  # fmt: skip
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    proc = run([str(BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml"),
+                "-e", json.dumps(extra)],
+               env={"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
+                    "ANSIBLE_NOCOLOR": "1", "HOME": str(tmp_path)})  # fmt: skip
+    return proc, out
+
+
+def test_the_role_writes_no_exporter_default(tmp_path: Path) -> None:
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    assert {name: defaults[name] for name in PASS_THROUGH} == {name: {} for name in PASS_THROUGH}
+    proc, out = render_role_config(tmp_path, {})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    written = yaml.safe_load(out.read_text())
+    # Only what the role owns: the host, its peers, where /metrics listens, where state goes.
+    assert set(written) == {"host", "peers", "web", "budget"}, written
+    assert written["budget"] == {"state_file": "/var/lib/pathprobe/budget.json"}
+    peer_keys = {"name", "address", "region", "zone", "instance_type", "path_class"}
+    assert [p["name"] for p in written["peers"]] == ["b"] and set(written["peers"][0]) <= peer_keys
+    cfg = config.load(out)
+    model = config.Config(host=cfg.host, peers=cfg.peers)  # every section at the models' defaults
+    for section in ("probes", "schedule", "responders", "iperf3"):
+        assert getattr(cfg, section) == getattr(model, section), section
+    assert cfg.budget.daily_bytes == model.budget.daily_bytes
+    # The monitoring play's file_sd falls back to the role's listen address.
+    file_sd = (ANSIBLE / "playbooks" / "templates" / "file_sd.json.j2").read_text()
+    assert f"default('{defaults['pathprobe_web_listen']}')" in file_sd
+
+
+def test_the_role_passes_what_the_user_sets_through(tmp_path: Path) -> None:
+    settings = {"pathprobe_probes": {"rtt": {"interval_seconds": 0.25}, "loss": {"enabled": False}},
+                "pathprobe_schedule": {"slot_seconds": 300}, "pathprobe_budget": {"daily_bytes": "20GB"},
+                "pathprobe_responders": {"rr_port": 19470}, "pathprobe_iperf3": {"port": 15201}}  # fmt: skip
+    proc, out = render_role_config(tmp_path, settings)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    written = yaml.safe_load(out.read_text())
+    for name, values in settings.items():
+        section = name.removeprefix("pathprobe_")
+        extra = {"state_file": "/var/lib/pathprobe/budget.json"} if section == "budget" else {}
+        assert written[section] == values | extra, section
+    cfg = config.load(out)
+    assert cfg.probes.rtt.interval_seconds == 0.25 and not cfg.probes.loss.enabled
+    assert cfg.probes.rtt.size_bytes == config.default(config.RttSettings, "size_bytes")  # the rest: defaults
+    set_values = (cfg.schedule.slot_seconds, cfg.budget.daily_bytes, cfg.responders.rr_port, cfg.iperf3.port)
+    assert set_values == (300, 20 * 10**9, 19470, 15201)
 
 
 # --- a real deployment -----------------------------------------------------------------
@@ -115,9 +182,10 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     }}}  # fmt: skip
     (work / "hosts.yml").write_text(yaml.safe_dump(inventory))
     file_sd = work / "file_sd" / "pathprobe.json"
+    # monitoring_install_rules as JSON: a boolean, not the string "false".
     cmd = [str(BIN / "ansible-playbook"), "-i", str(work / "hosts.yml"), "playbooks/site.yml",
            "playbooks/monitoring.yml", "-e", f"monitoring_file_sd_path={file_sd}",
-           "-e", '{"monitoring_install_rules": false}']  # a boolean, not the string "false"
+           "-e", '{"monitoring_install_rules": false}']  # fmt: skip
     env = {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
            "ANSIBLE_NOCOLOR": "1", "HOME": str(work)}  # fmt: skip
     first = run(cmd, timeout=1200, env=env)
@@ -207,15 +275,33 @@ def test_the_monitoring_play_renders_the_rules_with_the_fleets_parameters(tmp_pa
                                                "ansible_python_interpreter": sys.executable}}},
     }}}  # fmt: skip
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
-    params = {"selector": 'job="netprobe"', "loss_ratio_warning": 0.02}
-    proc = run([str(BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"), "playbooks/monitoring.yml",
-                "-e", json.dumps({"monitoring_alert_params": params,
-                                  "monitoring_file_sd_path": str(tmp_path / "file_sd" / "pathprobe.json"),
-                                  "monitoring_rules_dir": str(tmp_path / "rules"),
-                                  "monitoring_alertmanager_config": str(tmp_path / "alertmanager.yml")})],
-               env={"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
-                    "ANSIBLE_NOCOLOR": "1", "HOME": str(tmp_path)})  # fmt: skip
+    scratch = tmp_path / "scratch"  # the controller's TMPDIR: the play's work directory goes there
+    scratch.mkdir()
+
+    def play(params: dict) -> subprocess.CompletedProcess[str]:
+        extra = {"monitoring_alert_params": params,
+                 "monitoring_file_sd_path": str(tmp_path / "file_sd" / "pathprobe.json"),
+                 "monitoring_rules_dir": str(tmp_path / "rules"),
+                 "monitoring_alertmanager_config": str(tmp_path / "alertmanager.yml")}  # fmt: skip
+        return run([str(BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"), "playbooks/monitoring.yml",
+                    "-e", json.dumps(extra)],
+                   env={"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_NOCOLOR": "1",
+                        "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"), "HOME": str(tmp_path),
+                        "TMPDIR": str(scratch)})  # fmt: skip
+
+    proc = play({"selector": 'job="netprobe"', "loss_ratio_warning": 0.02})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     rules = (tmp_path / "rules" / "pathprobe.rules.yml").read_text()
     assert 'pathprobe_udp_packets_lost_total{job="netprobe"}' in rules and "> 0.02" in rules
     assert 'job="pathprobe"' not in rules
+    assert not list(scratch.glob("*.pathprobe-rules")), "the work directory stayed"
+    # A bad parameter stops the play, names the field, leaves the installed rules and no work directory.
+    proc = play({"no_such_param": 1})
+    assert proc.returncode != 0 and "no_such_param" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+    assert (tmp_path / "rules" / "pathprobe.rules.yml").read_text() == rules
+    assert not list(scratch.glob("*.pathprobe-rules")), "the work directory stayed"
+    # No parameters: the parameters' defaults, i.e. the committed rules.
+    proc = play({})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    committed = (ROOT / "alerts" / "pathprobe.rules.yml").read_text()
+    assert (tmp_path / "rules" / "pathprobe.rules.yml").read_text() == committed

@@ -52,6 +52,8 @@ class Exporter:
         self.turns = ThroughputTurns(cfg, self.store, self.schedule, self.budget, self.tracker, clock)
         self.collector = Collector(cfg, self.schedule, self.budget, self.store)
         self.store.load_state = self.load_state
+        # How long a half-slot's tests run, as scheduled (the same for the whole run).
+        self.test_seconds = cfg.half_slot_need(with_margin=False)
         for peer in cfg.peers:
             settings = cfg.throughput_for(peer)
             if settings.enabled:
@@ -61,7 +63,7 @@ class Exporter:
     def load_state(self, peer: str, now: float) -> str:
         """RTT samples taken while this host or the peer may be in a throughput test sit
         behind that test's queue: they are kept apart as "loaded"."""
-        active = self.cfg.half_slot_need(with_margin=False)
+        active = self.test_seconds
         if active and (self.schedule.busy(self.cfg.host.name, now, active) or self.schedule.busy(peer, now, active)):
             return "loaded"
         return "idle"

@@ -101,12 +101,16 @@ class FlowHealth:
 
     def __init__(self) -> None:
         self.outcomes: deque[bool] = deque(maxlen=self.RECENT)  # True: lost
+        self.lost = 0  # of the outcomes kept
 
     def record(self, lost: bool) -> None:
+        if len(self.outcomes) == self.RECENT:
+            self.lost -= self.outcomes[0]
         self.outcomes.append(lost)
+        self.lost += lost
 
     def loss_ratio(self) -> float:
-        return sum(self.outcomes) / len(self.outcomes) if self.outcomes else 0.0
+        return self.lost / len(self.outcomes) if self.outcomes else 0.0
 
     def failing(self) -> bool:
         return len(self.outcomes) >= self.MIN_OUTCOMES and self.loss_ratio() >= self.FAILING_RATIO

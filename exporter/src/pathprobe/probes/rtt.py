@@ -34,6 +34,7 @@ class RttProber:
         health = [FlowHealth() for _ in range(flows)]
         retry_at = [0.0] * flows
         done = turn = 0
+        failing = [False] * flows
         due = loop.time()
         try:
             while count is None or done < count:
@@ -59,7 +60,9 @@ class RttProber:
                     _close(conns[flow])
                     conns[flow] = None
                     retry_at[flow] = loop.time() + BACKOFF_SECONDS
-                self.sink.flows_failing(sum(h.failing() for h in health))
+                if health[flow].failing() != failing[flow]:
+                    failing[flow] = not failing[flow]
+                    self.sink.flows_failing(sum(failing))
                 done += 1
         finally:
             for conn in conns:
