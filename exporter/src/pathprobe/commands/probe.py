@@ -9,6 +9,8 @@ import json
 import sys
 from typing import Any
 
+from pydantic import ValidationError
+
 from .. import wire
 from ..config import (
     MTU_BY_PATH_CLASS,
@@ -24,7 +26,7 @@ from ..probes import EchoProber, MtuProber, ProbeFailure, RttProber, Target, Thr
 from ..probes.report import ReportSink, RttReport, Summary
 from ..probes.throughput import ThroughputResult
 from ..units import format_bits, format_seconds
-from .common import EXIT_PROBE_FAILED, quantity
+from .common import EXIT_BAD_INPUT, EXIT_PROBE_FAILED, quantity
 
 
 def add_parser(sub: Any) -> None:
@@ -82,12 +84,14 @@ def add_parser(sub: Any) -> None:
     m.set_defaults(func=cmd_mtu)
 
 
-def _settings(model: Any, args: argparse.Namespace, **fields: Any) -> Any:
+def _settings(model: Any, **fields: Any) -> Any:
     """The probe's settings model from the command line: a bad value is a clear error (exit 2)."""
     try:
         return model(**fields)
-    except ValueError as exc:
-        raise SystemExit(f"pathprobe probe: {exc}") from exc
+    except ValidationError as exc:
+        for e in exc.errors():
+            print(f"pathprobe probe: --{'.'.join(map(str, e['loc'])).split('_')[0]}: {e['msg']}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT) from exc
 
 
 def _fail(probe: str, target: str, exc: ProbeFailure) -> int:
@@ -143,7 +147,7 @@ def _finish(args: argparse.Namespace, probe: str, report: RttReport) -> int:
 
 
 def cmd_rtt(args: argparse.Namespace) -> int:
-    settings = _settings(RttSettings, args, interval_seconds=args.interval, size_bytes=args.size,
+    settings = _settings(RttSettings, interval_seconds=args.interval, size_bytes=args.size,
                          timeout_seconds=args.timeout, flows=args.flows)  # fmt: skip
     report = RttReport("tcp", args.interval, args.size)
     asyncio.run(RttProber(Target(args.target, args.port), settings, ReportSink(report)).run(count=args.count))
@@ -151,7 +155,7 @@ def cmd_rtt(args: argparse.Namespace) -> int:
 
 
 def cmd_loss(args: argparse.Namespace) -> int:
-    settings = _settings(LossSettings, args, rate_pps=args.rate, size_bytes=args.size,
+    settings = _settings(LossSettings, rate_pps=args.rate, size_bytes=args.size,
                          timeout_seconds=args.timeout, flows=args.flows)  # fmt: skip
     report = RttReport("udp", 1 / args.rate, args.size)
     asyncio.run(EchoProber(Target(args.target, args.port), settings, ReportSink(report)).run(count=args.count))
@@ -159,7 +163,7 @@ def cmd_loss(args: argparse.Namespace) -> int:
 
 
 def cmd_mtu(args: argparse.Namespace) -> int:
-    settings = _settings(MtuSettings, args, timeout_seconds=args.timeout, sizes=args.sizes)
+    settings = _settings(MtuSettings, timeout_seconds=args.timeout, sizes=args.sizes)
     sizes = settings.sizes_for(args.path_class)
     seen: list[dict[str, Any]] = []
 

@@ -7,11 +7,7 @@ from .mtu import MtuProber
 from .rtt import RttProber
 from .throughput import ThroughputProber, ThroughputResult, ThroughputTest
 
-# The continuous probers by the `probe` label they report under.
-CONTINUOUS = {"rtt": RttProber, "loss": EchoProber, "mtu": MtuProber}
-
 __all__ = [
-    "CONTINUOUS",
     "REASONS",
     "EchoProber",
     "MtuProber",

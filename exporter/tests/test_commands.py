@@ -1,0 +1,27 @@
+"""The command line: bad values are exit 2 with the option named, defaults come from the models."""
+
+import subprocess
+import sys
+
+from pathprobe.commands import build_parser
+from pathprobe.config import LossSettings, Responders, RttSettings, default
+
+
+def test_a_bad_probe_setting_names_the_option_and_exits_2() -> None:
+    proc = subprocess.run([sys.executable, "-m", "pathprobe", "probe", "loss", "127.0.0.1", "--flows", "0"],
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert proc.returncode == 2
+    assert "--flows: Input should be greater than or equal to 1" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_cli_defaults_are_the_config_models() -> None:
+    parser = build_parser()
+    rtt = parser.parse_args(["probe", "rtt", "h"])
+    assert (rtt.interval, rtt.size, rtt.timeout, rtt.flows, rtt.port) == (
+        default(RttSettings, "interval_seconds"), default(RttSettings, "size_bytes"),
+        default(RttSettings, "timeout_seconds"), default(RttSettings, "flows"), default(Responders, "rr_port"),
+    )  # fmt: skip
+    loss = parser.parse_args(["probe", "loss", "h"])
+    assert (loss.size, loss.flows) == (default(LossSettings, "size_bytes"), default(LossSettings, "flows"))
+    serve = parser.parse_args(["serve"])
+    assert serve.rr_max_connections_per_source == default(Responders, "rr_max_connections_per_source")
