@@ -1,14 +1,21 @@
 """Integration tests: real namespaces, iperf3, exporters, Prometheus, Alertmanager.
 
-They need root (network namespaces) and the tools that scripts/setup.sh installs.
+They need root (network namespaces) and the tools that scripts/setup.sh installs. There
+is one lab per machine: a session takes a lock first, so that two test sessions on one
+machine run one after the other instead of tearing down each other's lab.
 """
 
+import fcntl
 import os
 import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from pathprobe_lab import net
+
+LOCK = pytest.StashKey[int]()  # the session's lock on the machine's one lab
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -17,6 +24,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         pytest.exit(
             f"integration tests need root and {', '.join(missing) or 'nothing else'}: run scripts/test.sh", returncode=3
         )
+    lock = os.open(Path(tempfile.gettempdir()) / "pathprobe-lab-tests.lock", os.O_CREAT | os.O_RDWR, 0o644)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # held until this process ends
+    session.config.stash[LOCK] = lock
     net.down()  # a lab left by an interrupted run
 
 
