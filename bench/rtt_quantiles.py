@@ -55,26 +55,14 @@ async def measure(address: str, seconds: float) -> dict[str, float]:
     from pathprobe.config import RttSettings
     from pathprobe.probes import RttProber, Target
     from pathprobe.probes.base import RttTee
-    from pathprobe.probes.report import Summary
+    from pathprobe.probes.report import ReportSink, RttReport, Summary
     from pathprobe.store import Store
 
-    class Raw:
-        def __init__(self) -> None:
-            self.rtts: list[float] = []
-
-        def rtt(self, s: float) -> None:
-            self.rtts.append(s)
-
-        def failure(self, reason: str) -> None:
-            pass
-
-        def flows_failing(self, count: int) -> None:
-            pass
-
-    raw, store = Raw(), Store()
     settings = RttSettings()
+    raw, store = RttReport("tcp", settings.interval_seconds, settings.size_bytes), Store()
     count = int(seconds / settings.interval_seconds)
-    await RttProber(Target(address, 9470), settings, RttTee(raw, store.rtt_sink("d", 1))).run(count=count)
+    sink = RttTee(ReportSink(raw), store.rtt_sink("d", 1))
+    await RttProber(Target(address, 9470), settings, sink).run(count=count)
     shown = store.rtt["d", "tcp", "idle"].quantiles(time.time())
     s = Summary.of(raw.rtts)
     assert s is not None
