@@ -79,7 +79,7 @@ def test_text_and_html_reports() -> None:
     r = review(ARTICLE)
     text = text_report(r)
     assert re.search(r"knee: 64 stream\(s\)", text)
-    assert "moving 40 TB at the knee: 75 min, transfer cost $800" in text
+    assert "moving 40 TB at the knee: about 75 min, transfer cost $800" in text
     page = html_report(r)
     assert page.startswith("<!doctype html>") and "<svg" in page and "<script" not in page
     assert "40 TB in about 75 min with 64 stream(s) for about $800." in page
@@ -93,3 +93,31 @@ def test_failed_rows_are_kept_and_json_has_everything() -> None:
     assert j["rows"][-1]["error"].startswith("busy")
     assert j["diagnosis"]["one_stream"].startswith("one flow is bound by the receive window")
     assert j["transfer_at_knee"]["cost"] == pytest.approx(800.0)
+
+
+def test_a_burst_rate_is_planned_at_the_baseline() -> None:
+    # c6gn.medium at both ends in one region: 1.6 Gbps baseline, 16 Gbps peak (DescribeInstanceTypes).
+    # A 6-second test runs on network I/O credits; a 40 TB transfer spends them.
+    near = Peer.model_validate({"name": "b", "address": "198.18.2.2", "region": "r", "path_class": "intra_region",
+                                "instance_type": "c6gn.medium"})  # fmt: skip
+    r = Review("b", "tcp", "send", [Row(4, 11.7e9)], 0.0005, DEFAULT_RMEM, None, 0.78, 40e12, 0.0)
+    r.rows[0].expected = expected(near, "c6gn.medium", "tcp", 4, DEFAULT_RMEM, 0.0005, share=0.78)
+    assert r.rows[0].expected.limit == "instance" and r.rows[0].expected.bits_per_second == 1.6e9
+    assert r.rows[0].expected.peak_bits_per_second == 16e9
+    t = r.transfer(r.rows[0])
+    assert t is not None and t["seconds"] == pytest.approx(40e12 * 8 / 1.6e9)
+    assert format_duration(t["seconds"]) == "2.3 days" and format_duration(t["burst_seconds"]) == "7.6 h"
+    text = text_report(r)
+    assert (
+        "moving 40 TB at the knee: 4 streams reach 11.7 Gbit/s while credits last, then the instance bandwidth "
+        "at the baseline (1.6 Gbit/s) binds: about 2.3 days, not 7.6 h" in text
+    )
+    assert "while burst credits last" in (r.diagnose(r.rows[0]) or "")
+    assert r.to_json()["rows"][0]["on_burst"] is True
+
+
+def test_a_fixed_bandwidth_instance_keeps_its_measured_rate() -> None:
+    r = review(ARTICLE)
+    assert not r.to_json()["rows"][-1]["on_burst"]
+    t = r.transfer(r.knee())
+    assert t is not None and "burst_seconds" not in t

@@ -16,7 +16,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from . import __version__
+from . import __version__, ena, instance_types
 from .budget import Budget
 from .config import Config, Peer, ThroughputSettings
 from .probes import REASONS
@@ -57,6 +57,8 @@ class Collector:
     def __init__(self, cfg: Config, schedule: Schedule, budget: Budget, store: Store):
         self.cfg, self.schedule, self.budget, self.store = cfg, schedule, budget, store
         self.peers = {p.name: p for p in cfg.peers}
+        self.types = instance_types.load()
+        self.interface = ena.interface(cfg.host.interface)
 
     def describe(self) -> list[Metric]:
         return []  # nothing to check at registration: names are fixed here
@@ -127,7 +129,21 @@ class Collector:
             if tput.enabled:
                 for key in tput.tests():
                     tput_settings.add_metric([*labels, *key, *settings_labels(tput, key[0])], 1)
-        yield from (info, ceiling, rtt_settings, tput_settings)
+        unknown = _gauge(
+            "pathprobe_instance_type_unknown",
+            'An instance type named in the config (of this host, peer="", or of a peer) that the instance-type '
+            "table does not know (value 1): its bandwidth limits are left out of the expected values.",
+            ["peer", "instance_type"],
+        )
+        ends = [("", self.cfg.host.instance_type)] + [(p.name, p.instance_type) for p in self.cfg.peers]
+        for peer_name, instance_type in ends:
+            if instance_type and self.types.get(instance_type) is None:
+                unknown.add_metric([peer_name, instance_type], 1)
+        table = InfoMetricFamily(
+            "pathprobe_instance_types_table", "The instance-type table the expected limits use: source and date."
+        )
+        table.add_metric([], {"source": self.types.source, "as_of": self.types.as_of.isoformat()})
+        yield from (info, ceiling, rtt_settings, tput_settings, unknown, table)
 
     # --- throughput: the last result of every test, and what it should reach
     def _throughput(self) -> Iterator[Metric]:
@@ -168,6 +184,13 @@ class Collector:
             "limit; `limit` names the one that binds.",
             [*TEST, "limit"],
         )
+        peak = _gauge(
+            "pathprobe_throughput_expected_peak_bytes_per_second",
+            "What the test may reach while the instances' network I/O credits last: the same limits with each "
+            "instance's peak bandwidth instead of its baseline (context; alerts compare with the expected floor). "
+            "`limit` names the one that binds.",
+            [*TEST, "limit"],
+        )
         window = _gauge(
             "pathprobe_throughput_receive_window_bound_bytes_per_second",
             "Receive-window bound: the receiver's tcp_rmem max times the share TCP keeps in flight, over the RTT "
@@ -188,14 +211,24 @@ class Collector:
         for (name, *key), e in dict(self.store.expected).items():
             labels = [*peer_labels(self.peers[name]), *key]
             expected.add_metric([*labels, e.limit], e.bits_per_second / 8)
+            peak.add_metric([*labels, e.peak_limit], e.peak_bits_per_second / 8)
             if "receive_window" in e.candidates:
                 window.add_metric(labels, e.candidates["receive_window"] / 8)
+        rises = _gauge(
+            "pathprobe_throughput_allowance_exceeded_during_last_test",
+            "How much each ENA allowance counter (ethtool -S) rose during the last run of the test: above 0, the "
+            "instance's allowance limited it, not the path. Absent where the counters do not exist.",
+            [*TEST, "counter"],
+        )
+        for (name, *key), rose in dict(self.store.allowance_rises).items():
+            for counter in ena.ALLOWANCES:
+                rises.add_metric([*peer_labels(self.peers[name]), *key, counter], rose.get(counter, 0))
         skipped = _counter(
             "pathprobe_throughput_skipped", "Scheduled throughput tests not run, by reason.", ["peer", "reason"]
         )
         for (peer, reason), n in dict(self.store.skipped).items():
             skipped.add_metric([peer, reason], n)
-        yield from (rate, sender, retransmits, udp_loss, jitter, ended, expected, window, skipped)
+        yield from (rate, sender, retransmits, udp_loss, jitter, ended, expected, peak, window, rises, skipped)
 
     # --- RTT: exact quantiles over a sliding window, idle and under load apart
     def _rtt(self) -> Iterator[Metric]:
@@ -326,6 +359,17 @@ class Collector:
     # --- this host: budget, schedule, responders
     def _host(self) -> Iterator[Metric]:
         s, sched = self.store, self.schedule
+        allowances = ena.read(self.interface)
+        if allowances is not None:  # absent, not zero, where the ENA driver is not
+            family = _counter(
+                "pathprobe_ena_allowance_exceeded",
+                "Packets the instance queued or dropped for exceeding an allowance (ENA driver, ethtool -S): "
+                "bw_in/bw_out (bandwidth), pps, conntrack, linklocal.",
+                ["interface", "counter"],
+            )
+            for counter, n in allowances.items():
+                family.add_metric([self.interface or "", counter], n)
+            yield family
         yield _one(
             GaugeMetricFamily,
             "pathprobe_budget_remaining_bytes",

@@ -59,6 +59,8 @@ class Host(Strict):
     region: str = Field(min_length=1)
     zone: str = ""
     instance_type: str = ""
+    # Whose ENA allowance counters (ethtool -S) to read; default: the default route's interface.
+    interface: str = Field(default="", pattern=r"^[A-Za-z0-9_.:@-]{0,15}$")
 
 
 class ThroughputSettings(Strict):
@@ -130,7 +132,10 @@ class Limits(Strict):
 
     expected_bits_per_second: BitsPerSecond | None = None
     per_flow_bits_per_second: BitsPerSecond | None = None
-    instance_bits_per_second: BitsPerSecond | None = None
+    instance_bits_per_second: BitsPerSecond | None = None  # the instance's baseline (the alerting floor)
+    # The instance's peak ("up to") while network I/O credits last; default: instance_bits_per_second if
+    # given, else the instance-type table's peak.
+    instance_peak_bits_per_second: BitsPerSecond | None = None
     region_cap_bits_per_second: BitsPerSecond | None = None
     transit_gateway_bits_per_second: BitsPerSecond | None = None
     placement: Literal["default", "cluster", "ena_express"] | None = None

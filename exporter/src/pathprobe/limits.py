@@ -1,23 +1,37 @@
 """What a path should reach: the smallest limit that applies, and which one binds.
 
-Limits come from data/limits.yaml (each row sourced and dated) and the path's
-config (overrides, placement); the receive-window bound comes from the
-receiver's tcp_rmem max and the RTT measured on the path.
+Two bounds for every test (issue: burst vs baseline):
+- the FLOOR (`Expected.bits_per_second`, alias `floor_bits_per_second`, binding limit
+  `limit`): uses each instance's BASELINE bandwidth. An instance that has spent its
+  network I/O credits still reaches it, so an alert on it never pages a healthy host,
+  and a path below it is broken;
+- the PEAK (`peak_bits_per_second`, `peak_limit`): uses each instance's PEAK ("up to")
+  bandwidth, what a test may reach while credits last: context, not an alert threshold.
+Fixed-bandwidth instances have baseline = peak, so the two are equal there.
+
+The rules (per-flow, the inter-region share, Transit Gateway) come from data/limits.yaml,
+each row citing the AWS page and the date read; instance bandwidth and vCPUs come from
+the generated table of AWS's own data (instance_types.py, data/instance_types.json); the
+path's config adds overrides and placement; the buffer bounds come from the hosts'
+tcp_rmem/tcp_wmem max and the RTT measured on the path. docs/SOURCES.md has the facts.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from . import yamlfile
-from .config import PathClass, Peer
+from . import instance_types, yamlfile
+from .config import Config, PathClass, Peer
 
 GBPS = 1e9
 # The share of a socket buffer that TCP can keep in flight. Before Linux 6.6 the
@@ -29,36 +43,61 @@ GBPS = 1e9
 SHARE_SINCE_6_6 = 0.78
 
 
+class Source(BaseModel):
+    """Where a figure comes from: the AWS page (title, URL), the date of the version read,
+    and, when it was read second hand, the article that quoted it."""
+
+    model_config = ConfigDict(extra="forbid")
+    title: str = Field(min_length=1)
+    url: str = Field(pattern=r"^https://")
+    read: dt.date
+    via: str = ""
+
+    def cited(self) -> str:
+        return f'"{self.title}", {self.url}, {self.read.isoformat()}' + (f" ({self.via})" if self.via else "")
+
+
 class _Row(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    gbps: float
-    source: str = ""
-    as_of: dt.date | None = None
-    checked: bool = True
-
-
-class _Instance(_Row):
-    burst: bool
-    vcpus: int
+    gbps: float = Field(gt=0)
+    note: str = ""
+    source: Source
 
 
 class _RegionCap(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    share: float
-    min_vcpus: int
-    small_instance_gbps: float
-    source: str
-    as_of: dt.date
+    share: float = Field(gt=0, le=1)
+    min_vcpus: int = Field(ge=1)
+    small_instance_gbps: float = Field(gt=0)
+    # The newer wording of the page: ">= min_vcpus: share x bandwidth or the small figure,
+    # whichever is larger"; false: the older wording (share x bandwidth). See limits.yaml.
+    larger_of_share_and_small: bool = False
+    note: str = ""
+    source: Source
+
+    def gbps(self, vcpus: int, bandwidth_gbps: float) -> float:
+        if vcpus < self.min_vcpus:
+            return self.small_instance_gbps
+        shared = bandwidth_gbps * self.share
+        return max(shared, self.small_instance_gbps) if self.larger_of_share_and_small else shared
 
 
-class _TgwHistory(_Row):
+class _TgwHistory(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    gbps: float = Field(gt=0)
     basis: str
+    source: Source
 
 
 class _Tgw(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    gbps: float
-    history: list[_TgwHistory]
+    gbps: float = Field(gt=0)
+    history: list[_TgwHistory] = Field(min_length=1)
+
+    def source(self) -> Source:
+        """The source of the figure used (the latest history row with that figure)."""
+        rows = [h for h in self.history if h.gbps == self.gbps] or self.history
+        return max(rows, key=lambda h: h.source.read).source
 
 
 class LimitsTable(BaseModel):
@@ -66,7 +105,6 @@ class LimitsTable(BaseModel):
     per_flow: dict[str, _Row]
     region_cap: _RegionCap
     transit_gateway: _Tgw
-    instance_types: dict[str, _Instance]
 
 
 @cache
@@ -79,10 +117,32 @@ def table(path: Path | None = None) -> LimitsTable:
 
 @dataclass(frozen=True)
 class Expected:
+    """What a test should reach. `bits_per_second`/`limit`/`candidates`: the FLOOR (instance
+    baselines), the figure alerts compare with; `peak_*`: the same with instance peaks
+    (context: what a test may reach while burst credits last). Names of limits: per_flow,
+    instance, region_cap, transit_gateway, receive_window, send_buffer, target_rate, override."""
+
     bits_per_second: float
-    # per_flow, instance, region_cap, transit_gateway, receive_window, send_buffer, target_rate, override
     limit: str
-    candidates: dict[str, float]
+    candidates: Mapping[str, float]
+    peak_bits_per_second: float = math.nan  # default: the floor
+    peak_limit: str = ""  # default: the floor's limit
+    peak_candidates: Mapping[str, float] = field(default_factory=dict)  # default: the floor's
+    # Instance types named for the path (this host's, the peer's) that the instance-type
+    # table does not know: their bandwidth is left out, never guessed.
+    unknown_instance_types: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.peak_bits_per_second):
+            object.__setattr__(self, "peak_bits_per_second", self.bits_per_second)
+        if not self.peak_limit:
+            object.__setattr__(self, "peak_limit", self.limit)
+        if not self.peak_candidates:
+            object.__setattr__(self, "peak_candidates", dict(self.candidates))
+
+    @property
+    def floor_bits_per_second(self) -> float:
+        return self.bits_per_second
 
 
 def window_share(release: str | None = None, adv_win_scale: int | None = None) -> float:
@@ -119,41 +179,121 @@ def expected(
     limits: LimitsTable | None = None,
     sender_wmem_max: int | None = None,
     share: float | None = None,
+    types: instance_types.Table | None = None,
 ) -> Expected:
+    """The floor and the peak of one test from this host (`host_instance`) to `peer`."""
     t = limits or table()
     o = peer.limits
     if o.expected_bits_per_second:
         return Expected(o.expected_bits_per_second, "override", {"override": o.expected_bits_per_second})
-    c: dict[str, float] = {}
+    common: dict[str, float] = {}
     per_flow = o.per_flow_bits_per_second or t.per_flow[o.placement or "default"].gbps * GBPS / scale
-    c["per_flow"] = per_flow * streams
-    ends = [t.instance_types[i] for i in (host_instance, peer.instance_type) if i in t.instance_types]
-    if o.instance_bits_per_second:
-        c["instance"] = o.instance_bits_per_second
-    elif ends:
-        c["instance"] = min(e.gbps for e in ends) * GBPS / scale
-    if peer.path_class == PathClass.inter_region:
-        cap = t.region_cap
-        if o.region_cap_bits_per_second:
-            c["region_cap"] = o.region_cap_bits_per_second
-        elif ends:
-            c["region_cap"] = (
-                min(e.gbps * cap.share if e.vcpus >= cap.min_vcpus else cap.small_instance_gbps for e in ends)
-                * GBPS
-                / scale
-            )
+    common["per_flow"] = per_flow * streams
     if peer.path_class == PathClass.transit_gateway:
-        c["transit_gateway"] = o.transit_gateway_bits_per_second or t.transit_gateway.gbps * GBPS / scale
+        common["transit_gateway"] = o.transit_gateway_bits_per_second or t.transit_gateway.gbps * GBPS / scale
     if protocol == "tcp" and rtt_seconds:
         share = share or window_share()
         if receiver_rmem_max:
-            c["receive_window"] = buffer_bound(receiver_rmem_max, rtt_seconds, streams, share)
+            common["receive_window"] = buffer_bound(receiver_rmem_max, rtt_seconds, streams, share)
         if sender_wmem_max:
-            c["send_buffer"] = buffer_bound(sender_wmem_max, rtt_seconds, streams, share)
+            common["send_buffer"] = buffer_bound(sender_wmem_max, rtt_seconds, streams, share)
     if protocol == "udp" and udp_target:
-        c["target_rate"] = udp_target
-    limit = min(c, key=lambda k: c[k])
-    return Expected(c[limit], limit, c)
+        common["target_rate"] = udp_target
+
+    named = [name for name in (host_instance, peer.instance_type) if name]
+    types = types or instance_types.load()
+    ends = [e for e in (types.get(name) for name in named) if e is not None]
+    unknown = tuple(dict.fromkeys(name for name in named if types.get(name) is None))
+    floor, peak = dict(common), dict(common)
+    for bounds, which in ((floor, "baseline"), (peak, "peak")):
+        # Each end's bandwidth in Gbps: its baseline for the floor, its peak for the peak.
+        ends_gbps = [(e.vcpus, (e.card.baseline_gbps if which == "baseline" else e.card.peak_gbps)) for e in ends]
+        override = o.instance_bits_per_second
+        if which == "peak" and o.instance_peak_bits_per_second:
+            override = o.instance_peak_bits_per_second
+        if override:
+            bounds["instance"] = override
+        elif ends_gbps:
+            bounds["instance"] = min(gbps for _, gbps in ends_gbps) * GBPS / scale
+        if peer.path_class == PathClass.inter_region:
+            if o.region_cap_bits_per_second:
+                bounds["region_cap"] = o.region_cap_bits_per_second
+            elif ends_gbps:
+                bounds["region_cap"] = min(t.region_cap.gbps(v, gbps) for v, gbps in ends_gbps) * GBPS / scale
+    limit = min(floor, key=lambda k: floor[k])
+    peak_limit = min(peak, key=lambda k: peak[k])
+    return Expected(floor[limit], limit, floor, peak[peak_limit], peak_limit, peak, unknown)
+
+
+def unknown_instance_types(cfg: Config, types: instance_types.Table | None = None) -> list[str]:
+    """check-config's problems for instance types the table does not know (field path and
+    the type): the model leaves their bandwidth out, so say so rather than guess."""
+    types = types or instance_types.load()
+    named = [("host.instance_type", cfg.host.instance_type)]
+    named += [(f"peers.{i}.instance_type", p.instance_type) for i, p in enumerate(cfg.peers)]
+    return [
+        f"{where}: unknown instance type {name!r} (not in the instance-type table: {types.cited()}); "
+        "its bandwidth limits are left out. Check the name, or import a newer table (pathprobe limits import)"
+        for where, name in named
+        if name and types.get(name) is None
+    ]
+
+
+def describe(name: str, limits: LimitsTable | None = None, types: instance_types.Table | None = None) -> dict[str, Any]:
+    """What the model uses for one instance type, each figure with its source and date
+    (`pathprobe limits show`). Keys carry their units. Raises KeyError for an unknown type."""
+    t = limits or table()
+    types = types or instance_types.load()
+    e = types.get(name)
+    if e is None:
+        raise KeyError(name)
+    api = f"instance-type table ({types.source})"
+    data_date = types.as_of.isoformat()
+
+    def fig(value: float, source: str, date: str, note: str = "") -> dict[str, Any]:
+        return {"bits_per_second": value, "source": source, "date": date, **({"note": note} if note else {})}
+
+    cap = t.region_cap
+    cap_src, cap_date = cap.source.cited(), cap.source.read.isoformat()
+    card = f"NetworkInfo.NetworkCards[{e.card.index}]"
+    figures = {
+        "baseline_bits_per_second": fig(e.baseline_bits_per_second, f"{api}: {card}.BaselineBandwidthInGbps",
+                                        data_date, "the alerting floor's instance figure"),
+        "peak_bits_per_second": fig(e.peak_bits_per_second, f"{api}: {card}.PeakBandwidthInGbps", data_date,
+                                    "while network I/O credits last; context, not an alert threshold"),
+        "inter_region_cap_floor_bits_per_second": fig(cap.gbps(e.vcpus, e.baseline_bits_per_second / GBPS) * GBPS,
+                                                      cap_src, cap_date, cap.note),
+        "inter_region_cap_peak_bits_per_second": fig(cap.gbps(e.vcpus, e.peak_bits_per_second / GBPS) * GBPS,
+                                                     cap_src, cap_date, cap.note),
+        "transit_gateway_bits_per_second": fig(t.transit_gateway.gbps * GBPS, t.transit_gateway.source().cited(),
+                                               t.transit_gateway.source().read.isoformat(), "per VPC attachment"),
+    }  # fmt: skip
+    for placement, row in t.per_flow.items():
+        figures[f"per_flow_{placement}_bits_per_second"] = fig(
+            row.gbps * GBPS, row.source.cited(), row.source.read.isoformat(), row.note
+        )
+    return {
+        "instance_type": name,
+        "default_vcpus": e.vcpus,
+        "ena_support": e.ena,
+        "network_performance": e.performance,
+        "burst": e.burst,
+        "baseline_bits_per_second": e.baseline_bits_per_second,
+        "peak_bits_per_second": e.peak_bits_per_second,
+        "default_network_card": e.card.index,
+        "network_cards": [
+            {
+                "index": c.index,
+                "baseline_bits_per_second": c.baseline_gbps * GBPS,
+                "peak_bits_per_second": c.peak_gbps * GBPS,
+            }
+            for c in e.cards
+        ],
+        "total_baseline_bits_per_second": e.total_baseline_bits_per_second,
+        "total_peak_bits_per_second": e.total_peak_bits_per_second,
+        "figures": figures,
+        "table": {"source": types.source, "as_of": data_date, "generated": types.generated.isoformat()},
+    }
 
 
 def host_buffer_max(which: str) -> int | None:

@@ -60,7 +60,8 @@ def html_report(r: Review) -> str:
         cost = f" for about ${t['cost']:,.0f}" if "cost" in t else ""
         headline = (
             f"<p class=headline>{r.volume_bytes / 1e12:g} TB in about {format_duration(t['seconds'])} "
-            f"with {knee.streams} stream(s){cost}.</p>"
+            f"with {knee.streams} stream(s){cost}"
+            f"{' (at the baseline: the measured rate ran on burst credits)' if 'burst_seconds' in t else ''}.</p>"
         )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>pathprobe capacity review: {html.escape(r.target)}</title>

@@ -116,6 +116,9 @@ class Store:
     # When the last turn began (the exporter's start until the first): None when this host runs no throughput tests.
     last_turn: float | None = None
     turn_errors: Counter[str] = field(default_factory=Counter)  # reason
+    # ENA allowance counters that rose during each test's last run (empty: none rose); absent
+    # for tests run where the counters do not exist.
+    allowance_rises: dict[TestKey, dict[str, int]] = field(default_factory=dict)
     iperf3_server_up: bool = False
     iperf3_server_restarts: int = 0
 

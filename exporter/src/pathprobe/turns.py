@@ -8,6 +8,7 @@ import logging
 import random
 from collections.abc import Callable
 
+from . import ena
 from .budget import Budget
 from .config import Config, Peer, ThroughputSettings
 from .expected import ExpectedTracker
@@ -26,6 +27,7 @@ class ThroughputTurns:
         self.peers = {p.name: p for p in cfg.peers}
         self.prober = ThroughputProber(cfg.iperf3.binary, cfg.schedule.timeout_margin_seconds)
         self._last_bytes: dict[tuple[str, tuple[str, str, str]], int] = {}
+        self.interface = ena.interface(cfg.host.interface)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Take every turn of this host until `stop`. Never ends on an error: a turn that
@@ -66,6 +68,7 @@ class ThroughputTurns:
                 if self.clock() + test.max_seconds(margin) > deadline:
                     self.store.skipped[peer.name, "slot_over"] += 1
                     break
+                before = await asyncio.to_thread(ena.read, self.interface)
                 try:
                     result = await self.prober.run(test)
                 except ProbeFailure as exc:
@@ -77,6 +80,12 @@ class ThroughputTurns:
                     break
                 self.tracker.rate(peer, key, result)
                 self.store.record_throughput((peer.name, *key), result)
+                after = await asyncio.to_thread(ena.read, self.interface)
+                if before is not None and after is not None:
+                    rises = ena.rose(before, after)
+                    self.store.allowance_rises[(peer.name, *key)] = rises
+                    if rises:
+                        log.warning("throughput -> %s %s: %s", peer.name, key, ena.explain(rises))
                 self._last_bytes[peer.name, key] = result.moved_bytes()
                 log.info("throughput -> %s %s x%s %s: %.4g Mbit/s", peer.name, *key,
                          result.receiver_bytes_per_second * 8e-6)  # fmt: skip

@@ -15,6 +15,7 @@ from pathprobe.commands.common import write_output
 from pathprobe.units import parse_duration, parse_quantity, parse_ratio
 
 from . import alerting, demo, net, shaping, topology
+from .caps import HostCaps
 from .state import LabError, State, ns
 from .topology import PathSpec
 
@@ -137,6 +138,9 @@ def print_status(st: dict[str, Any]) -> None:
             f"  {h['name']:14} {h['address']:14} {h['region']:16} {h['zone']:18}"
             f"{'' if h['present'] else ' NAMESPACE MISSING'}"
         )
+        if h.get("caps"):
+            c = h["caps"]
+            print(f"    {h['instance_type']}: {HostCaps(**{k: v for k, v in c.items() if k != 'qdiscs'}).describe()}")
     print("  paths:")
     for p in st["paths"]:
         print(f"    {p['src']:>14} -> {p['dst']:14} {PathSpec(**_spec_fields(p)).describe()}  [{p['path_class']}]")

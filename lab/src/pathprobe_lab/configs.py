@@ -77,8 +77,11 @@ def scaled_limits(topo: Topology, host_instance: str, other: LabHost, path_class
     production config has no scale."""
     peer = Peer(name=other.name, address="198.18.0.1", region=other.region, path_class=path_class,
                 instance_type=other.instance_type)  # fmt: skip
-    candidates = expected(peer, host_instance, "tcp", 1, None, None).candidates
-    return {OVERRIDES[k]: v / topo.scale for k, v in candidates.items() if k in OVERRIDES}
+    bounds = expected(peer, host_instance, "tcp", 1, None, None)
+    scaled = {OVERRIDES[k]: v / topo.scale for k, v in bounds.candidates.items() if k in OVERRIDES}
+    if bounds.peak_candidates.get("instance", 0) > bounds.candidates.get("instance", 0):
+        scaled["instance_peak_bits_per_second"] = bounds.peak_candidates["instance"] / topo.scale
+    return scaled
 
 
 def scrape_targets(topo: Topology) -> list[dict[str, Any]]:

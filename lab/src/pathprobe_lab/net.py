@@ -13,6 +13,7 @@ from dataclasses import asdict
 
 from pathprobe import procs
 
+from . import caps
 from .shaping import apply_shaping
 from .state import PREFIX, ROOT_LINK, ROUTER, LabError, State, in_ns, ns, require_tools, sh
 from .topology import Topology, address, resolve
@@ -28,6 +29,7 @@ def up(topo: Topology) -> State:
     try:
         _allow_congestion_controls(state, {h.congestion for h in topo.hosts if h.congestion})
         _build(topo)
+        caps.apply(topo)
         apply_shaping(state)
     except Exception:
         down()
@@ -119,7 +121,8 @@ def status() -> dict:  # type: ignore[type-arg]
     present = set(_namespaces())
     hosts = [
         {"name": h.name, "region": h.region, "zone": h.zone, "address": address(i),
-         "namespace": ns(h.name), "present": ns(h.name) in present}
+         "namespace": ns(h.name), "present": ns(h.name) in present, "instance_type": h.instance_type,
+         "caps": caps.status(topo, h) if ns(h.name) in present else None}
         for i, h in enumerate(topo.hosts, start=1)
     ]  # fmt: skip
     paths = [

@@ -31,6 +31,9 @@ class LabHost(Strict):
     tcp_rmem_max: Size | None = None
     tcp_wmem_max: Size | None = None
     congestion: Congestion | None = None
+    # With an instance type: the network I/O credits the host bursts on (lab bytes above the
+    # baseline), refilled at the baseline whenever the host sends less (caps.py).
+    burst_bytes: Size = 64 * 2**20
 
 
 class LabPath(Strict):

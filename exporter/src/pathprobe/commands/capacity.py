@@ -116,7 +116,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     return 0 if review.measured() else 1
 
 
-LIMIT_NAMES = ("per_flow", "instance", "region_cap", "transit_gateway", "expected")
+LIMIT_NAMES = ("per_flow", "instance", "instance_peak", "region_cap", "transit_gateway", "expected")
 
 
 def _limit(text: str) -> tuple[str, float]:

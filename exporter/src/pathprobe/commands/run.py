@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import __version__, config, responders
+from .. import __version__, config, limits, responders
 from ..collector import registry
 from ..exporter import Exporter, host_max_mtu
 from ..web import serve
@@ -29,7 +29,7 @@ def add_parser(sub: Any) -> None:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     cfg = config.load(args.file, check_files=True)
-    problems = [f"{args.file}: {p}" for p in host_problems(cfg)]
+    problems = [f"{args.file}: {p}" for p in [*limits.unknown_instance_types(cfg), *host_problems(cfg)]]
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -1,0 +1,128 @@
+"""AWS's bandwidth structure on each lab host that names an instance type, at the lab's scale.
+
+On the host's own link (egress, as AWS applies them at the instance):
+- the instance's bandwidth: a token bucket filling at the BASELINE, emptied at up to the
+  PEAK (TBF `rate`/`burst`/`peakrate`): a host bursts while its bucket holds credits and
+  falls to the baseline once they are spent, like network I/O credits;
+- the inter-region aggregate (region_cap): one HTB class for every destination in
+  another region;
+- the per-flow limit: fq's `maxrate` paces each flow (5-tuple) to it.
+The figures come from the same tables the exporter's model uses (the instance-type table
+and limits.yaml), divided by the topology's scale, and raised by the TCP/IP and Ethernet
+header share so that what iperf3 measures (payload) is the figure, as on AWS where a
+single flow measures 4.96 of its 5 Gbps. Hosts without an instance type get none of
+this: their paths are shaped only by the topology's per-path rates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from pathprobe import instance_types, limits
+
+from .state import in_ns, ns, sh
+from .topology import LabHost, Topology
+
+# An MTU-sized TCP segment (with timestamps) is 1448 payload bytes in a 1514-byte frame.
+WIRE_PER_PAYLOAD = 1514 / 1448
+# TBF's second bucket (for the peak rate) must hold the largest packet: a 64 KiB GSO frame.
+PEAK_BUCKET_BYTES = 65536 + 1514
+# Leaf classes per aggregate: flows hash into them (a collision shares one per-flow cap; with
+# 4 flows that happens about 2% of the time, and only matters when the per-flow cap binds).
+FLOW_CLASSES = 256
+BURST = "burst 256kb cburst 256kb quantum 200000"
+NFT_TABLE = "pathprobe_lab_caps"
+
+
+@dataclass(frozen=True)
+class HostCaps:
+    """Payload bits/s at the lab's scale; None where the instance type is unknown."""
+
+    per_flow: float
+    baseline: float | None
+    peak: float | None
+    region_cap: float | None
+    burst_bytes: int
+
+    def describe(self) -> str:
+        def rate(v: float | None) -> str:
+            return f"{v / 1e6:g} Mbit/s" if v else "none (unknown instance type)"
+
+        return (
+            f"per flow {rate(self.per_flow)}, instance {rate(self.baseline)} baseline / {rate(self.peak)} peak "
+            f"({self.burst_bytes / 2**20:g} MiB of credits), other regions {rate(self.region_cap)}"
+        )
+
+
+def host_caps(topo: Topology, host: LabHost) -> HostCaps | None:
+    if not host.instance_type:
+        return None
+    table = limits.table()
+    per_flow = table.per_flow["default"].gbps * limits.GBPS / topo.scale
+    e = instance_types.load().get(host.instance_type)
+    if e is None:
+        return HostCaps(per_flow, None, None, None, host.burst_bytes)
+    return HostCaps(
+        per_flow,
+        e.baseline_bits_per_second / topo.scale,
+        e.peak_bits_per_second / topo.scale,
+        table.region_cap.gbps(e.vcpus, e.card.baseline_gbps) * limits.GBPS / topo.scale,
+        host.burst_bytes,
+    )
+
+
+def apply(topo: Topology) -> None:
+    """Each AWS host's eth0: TBF (instance) > HTB: in-region and other-region aggregates, each with
+    FLOW_CLASSES leaf classes capped at the per-flow rate; nftables hashes each 5-tuple into a leaf
+    by setting the packet's priority (HTB takes a class named by skb->priority; this kernel has
+    no fq qdisc nor flow/fw classifiers, so this is how a per-flow cap is built here)."""
+    for host in topo.hosts:
+        caps = host_caps(topo, host)
+        if caps is None:
+            continue
+        name = ns(host.name)
+        others = [f"198.18.{j}.0/24" for j, h in enumerate(topo.hosts, start=1) if h.region != host.region]
+        region_cap = caps.region_cap if others else None
+        batch = []
+        parent = "root"
+        if caps.baseline and caps.peak:
+            batch.append(f"qdisc add dev eth0 root handle 1: tbf rate {_bits(caps.baseline)} "
+                         f"burst {caps.burst_bytes + PEAK_BUCKET_BYTES} peakrate {_bits(caps.peak)} "
+                         f"mtu {PEAK_BUCKET_BYTES} latency 200ms")  # fmt: skip
+            parent = "parent 1:1"
+        link = _bits(caps.peak or caps.per_flow * 64)
+        batch.append(f"qdisc add dev eth0 {parent} handle 2: htb default 3")
+        aggregates = [(1, link)] + ([(2, _bits(region_cap))] if region_cap else [])
+        for minor, rate in aggregates:
+            batch.append(f"class add dev eth0 parent 2: classid 2:{minor} htb rate {rate} ceil {rate} {BURST}")
+            for k in range(FLOW_CLASSES):
+                # Leaves borrow everything above a token rate, so the aggregate above them binds.
+                batch.append(f"class add dev eth0 parent 2:{minor} classid 2:{minor * 0x1000 + k:x} htb "
+                             f"rate 1mbit ceil {_bits(caps.per_flow)} {BURST}")  # fmt: skip
+        batch.append(f"class add dev eth0 parent 2:1 classid 2:3 htb rate 1mbit ceil {link} {BURST}")
+        sh(["tc", "-n", name, "qdisc", "del", "dev", "eth0", "root"], check=False)
+        sh(["tc", "-n", name, "-batch", "-"], input_text="\n".join(batch) + "\n")
+        flow = "meta l4proto { tcp, udp } meta priority set jhash ip saddr . th sport . ip daddr . th dport"
+        rules = (
+            [f"ip daddr {{ {', '.join(others)} }} {flow} mod {FLOW_CLASSES} offset {0x22000:#x} accept"]
+            if region_cap
+            else []
+        )
+        rules.append(f"ip daddr 198.18.0.0/15 {flow} mod {FLOW_CLASSES} offset {0x21000:#x}")
+        script = (f"table inet {NFT_TABLE} {{}}\ndelete table inet {NFT_TABLE}\n"
+                  f"table inet {NFT_TABLE} {{\n  chain post {{\n    type filter hook postrouting priority 0; "
+                  "policy accept;\n" + "".join(f"    {r}\n" for r in rules) + "  }\n}\n")  # fmt: skip
+        sh(in_ns(name, ["nft", "-f", "-"]), input_text=script)
+
+
+def status(topo: Topology, host: LabHost) -> dict[str, object] | None:
+    """The caps of a host and what its qdiscs hold (`lab status`)."""
+    caps = host_caps(topo, host)
+    if caps is None:
+        return None
+    shown = sh(in_ns(ns(host.name), ["tc", "qdisc", "show", "dev", "eth0"]), check=False).stdout.split("\n")
+    return {**asdict(caps), "qdiscs": [line.strip() for line in shown if line.strip()]}
+
+
+def _bits(payload_bits_per_second: float) -> str:
+    return f"{payload_bits_per_second * WIRE_PER_PAYLOAD:.0f}bit"
