@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 # debootstrap builds the root filesystems of the Ansible deployment test's lab hosts;
 # systemd's systemd-analyze checks the unit the role writes.
 packages=(iperf3 iproute2 nftables iptables iputils-ping procps python3-venv prometheus prometheus-alertmanager
-  docker-compose debootstrap openssl systemd)
+  docker-compose debootstrap openssl systemd ethtool)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -78,6 +78,10 @@ def test_throughput_matches_the_shaped_rate(mesh: dict) -> None:
     got = wait_for("a throughput result alpha -> beta", result, timeout=120)
     assert got == pytest.approx(payload_rate(200e6), rel=0.05)
     s = scrape(ALPHA)
+    # The ENA allowance counters were read around the test (ethtool -S on the default route's
+    # interface, a veth here): there are none, so they are absent, not zero.
+    assert in_host("alpha", ["ethtool", "-S", "eth0"]).returncode == 0
+    assert not [k for k in s if "allowance" in k[0]], [k for k in s if "allowance" in k[0]]
     assert value(s, "pathprobe_throughput_last_test_timestamp_seconds", peer="beta") == pytest.approx(
         time.time(), abs=120
     )

@@ -121,3 +121,14 @@ def test_a_fixed_bandwidth_instance_keeps_its_measured_rate() -> None:
     assert not r.to_json()["rows"][-1]["on_burst"]
     t = r.transfer(r.knee())
     assert t is not None and "burst_seconds" not in t
+
+
+def test_an_allowance_that_rose_names_the_instance_not_the_path() -> None:
+    r = review({4: 3.1})
+    r.rows[0].allowance_exceeded = {"bw_out_allowance_exceeded": 812}
+    d = r.diagnose(r.rows[0])
+    assert d == (
+        "3.1 Gbit/s, bound by the instance's allowance, not the path: "
+        "bw_out_allowance_exceeded rose by 812 during the test"
+    )
+    assert r.to_json()["rows"][0]["allowance_exceeded"] == {"bw_out_allowance_exceeded": 812}

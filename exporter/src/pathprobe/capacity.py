@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from . import ena
 from .limits import Expected
 from .units import format_bits
 
@@ -26,6 +27,8 @@ class Row:
     udp_loss_ratio: float | None = None
     error: str | None = None
     expected: Expected | None = None
+    # ENA allowance counters that rose during the test (None: no such counters on this host).
+    allowance_exceeded: dict[str, int] | None = None
 
     @property
     def per_stream(self) -> float | None:
@@ -115,6 +118,8 @@ class Review:
         """What limits this row's rate, in words."""
         if row is None or not row.bits_per_second or row.expected is None:
             return None
+        if row.allowance_exceeded:
+            return f"{format_bits(row.bits_per_second)}, bound by {ena.explain(row.allowance_exceeded)}"
         rate, c = row.bits_per_second, row.expected.candidates
         flows = "one flow" if row.streams == 1 else f"{row.streams} flows"
         # The binding limit is the smallest one; the rate is explained by it when it comes close.

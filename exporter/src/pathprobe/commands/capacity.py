@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .. import ena
 from ..capacity import Review, Row, text_report
 from ..config import Iperf3Settings, Limits, PathClass, Peer, Responders, RttSettings, default
 from ..files import write_atomic
@@ -153,13 +154,17 @@ def measure_rtt(target: str, port: int, review: Review) -> float | None:
 
 async def sweep(args: argparse.Namespace, streams: list[int], bitrate: float) -> list[Row]:
     rows = []
+    interface = ena.interface("")  # the ENA allowance counters of the default route's interface
     for n in streams:
         test = ThroughputTest(args.target, args.port, args.protocol, n, "receive" if args.reverse else "send",
                                     args.duration, args.omit, udp_bitrate=bitrate)  # fmt: skip
         for attempt in range(BUSY_RETRIES):
+            before = ena.read(interface)
             try:
                 r = await ThroughputProber().run(test)
-                rows.append(Row(n, r.receiver_bytes_per_second * 8, r.retransmits, r.udp_loss_ratio))
+                after = ena.read(interface)
+                rows.append(Row(n, r.receiver_bytes_per_second * 8, r.retransmits, r.udp_loss_ratio,
+                                allowance_exceeded=ena.rose(before, after) if after is not None else None))  # fmt: skip
                 break
             except ProbeFailure as exc:
                 if exc.reason == "busy" and attempt < BUSY_RETRIES - 1:

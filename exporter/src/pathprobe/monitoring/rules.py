@@ -184,6 +184,11 @@ def render(p: Params) -> dict[str, Any]:
                "{{ $labels.host }} has spent its daily byte budget: throughput tests stop until "
                "{{ with printf \"pathprobe_budget_period_end_timestamp_seconds{instance='%s'}\" $labels.instance "
                "| query }}{{ . | first | value | humanizeTimestamp }}{{ end }}.", p, p.budget_for),
+        _alert("PathprobeInstanceTypeUnknown", f"pathprobe_instance_type_unknown{{{sel}}} == 1", "warning",
+               "An instance type the limits table does not know.",
+               "{{ $labels.host }}'s config names instance type {{ $labels.instance_type }} (for "
+               "{{ if $labels.peer }}peer {{ $labels.peer }}{{ else }}this host{{ end }}), which the instance-type "
+               "table does not know: the expected throughput of its paths leaves its bandwidth out.", p),
         _alert("PathprobeRespondersRefusingPeers",
                f'increase(pathprobe_probe_runs_total{{{sel}, result="not_allowed"}}[{p.refused_window}]) > 0',
                "warning", "A host's responders refuse its peers.",
