@@ -235,6 +235,9 @@ def test_deployed_unit_is_valid_and_hardened(deployed: dict) -> None:
     security = subprocess.run(["systemd-analyze", "security", "--offline=true", "--threshold=15", str(unit)],
                               capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert security.returncode == 0, security.stdout[-3000:] + security.stderr
+    # The firewall (tests/test_firewall.py) is applied as root before the sandboxed exporter starts.
+    text = unit.read_text()
+    assert "ExecStartPre=+" in text and "pathprobe firewall --config" in text and "--remove" in text
 
 
 def test_deployed_exporters_probe_each_other(deployed: dict) -> None:

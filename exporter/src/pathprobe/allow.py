@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import Config
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -11,6 +15,11 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 class AllowList:
     def __init__(self, networks: Iterable[Network | str]):
         self.networks = tuple(ipaddress.ip_network(n, strict=False) for n in networks)
+
+    @classmethod
+    def of(cls, cfg: Config) -> AllowList:
+        """The config's peers and `responders.allow`: whom every responder (and the firewall) admits."""
+        return cls([*(str(p.address) for p in cfg.peers), *cfg.responders.allow])
 
     def allows(self, address: str) -> bool:
         try:

@@ -69,7 +69,7 @@ class Exporter:
         return "idle"
 
     def allow_list(self) -> AllowList:
-        return AllowList([*(str(p.address) for p in self.cfg.peers), *self.cfg.responders.allow])
+        return AllowList.of(self.cfg)
 
     def probers(self) -> list[tuple[str, RttProber | EchoProber | MtuProber]]:
         """(task name, prober) of every continuous probe of every peer."""

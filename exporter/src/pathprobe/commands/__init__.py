@@ -17,10 +17,10 @@ from types import ModuleType
 
 from .. import __version__
 from ..yamlfile import ConfigError
-from . import alerts, capacity, limits, probe, run, serve
+from . import alerts, capacity, firewall, limits, probe, run, serve
 from .common import EXIT_BAD_INPUT
 
-VERBS: list[ModuleType] = [run, serve, probe, alerts, capacity, limits]
+VERBS: list[ModuleType] = [run, serve, probe, alerts, capacity, limits, firewall]
 
 
 def plugins() -> list[ModuleType]:
