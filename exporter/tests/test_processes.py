@@ -1,6 +1,8 @@
 """Real `pathprobe serve` processes on loopback: no child outlives it, and a taken port
 is a clear error instead of a restart loop."""
 
+import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -74,3 +76,39 @@ def test_a_second_serve_on_the_same_ports_fails_clearly(ports: tuple[int, int]) 
     finally:
         first.terminate()
         first.wait(timeout=10)
+
+
+def test_a_stopped_iperf3_server_is_reported_down_then_restarted(
+    ports: tuple[int, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pathprobe.config import Iperf3Settings
+    from pathprobe.responders import iperf3
+
+    monkeypatch.setattr(iperf3, "WATCH_SECONDS", 0.1)
+    monkeypatch.setattr(iperf3, "STOPPED_RESTART_SECONDS", 1.0)
+    pidfile = tmp_path / "iperf3.pid"
+    command = [*iperf3.server_command(Iperf3Settings(port=ports[1]), "127.0.0.1"), "-I", str(pidfile)]
+    states: list[bool] = []
+    restarts: list[int] = []
+
+    async def drill() -> None:
+        task = asyncio.create_task(iperf3.supervise(command, states.append, lambda: restarts.append(1)))
+        try:
+            async with asyncio.timeout(30):
+                while not pidfile.exists() or not pidfile.read_text().strip("\0\n"):
+                    await asyncio.sleep(0.05)
+                first = int(pidfile.read_text().strip("\0\n"))
+                os.kill(first, signal.SIGSTOP)
+                while states[-1]:  # reported down while stopped
+                    await asyncio.sleep(0.05)
+                while not restarts or not states[-1]:  # killed and started again
+                    await asyncio.sleep(0.05)
+                assert not procs.alive(first)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    asyncio.run(drill())
+    assert states[:2] == [True, False] and states[-1] is False  # up, stopped: down, ..., cancelled: down
+    assert restarts == [1]

@@ -46,6 +46,14 @@ def alive(pid: int) -> bool:
         return False
 
 
+def stopped(pid: int) -> bool:
+    """Whether `pid` is stopped (SIGSTOP, a debugger): alive, yet serving nothing."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] in "Tt"
+    except (OSError, IndexError):
+        return False
+
+
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
     """Signal the process group led by `pid`; a group already gone is fine."""
     with contextlib.suppress(ProcessLookupError, PermissionError):

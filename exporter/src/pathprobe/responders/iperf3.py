@@ -16,6 +16,8 @@ log = logging.getLogger(__name__)
 # Restart back-off: doubles from the first to the last while the server keeps exiting;
 # a server that ran this long counts as healthy again.
 BACKOFF_FIRST, BACKOFF_LAST, HEALTHY_AFTER = 1.0, 60.0, 60.0
+# How often the server's state is checked, and how long it may stay stopped before a restart.
+WATCH_SECONDS, STOPPED_RESTART_SECONDS = 2.0, 30.0
 
 
 def server_command(settings: Iperf3Settings, listen: str) -> list[str]:
@@ -30,6 +32,32 @@ def server_command(settings: Iperf3Settings, listen: str) -> list[str]:
             "--authorized-users-path", str(settings.auth.authorized_users_file),
         ]  # fmt: skip
     return cmd
+
+
+async def watch(proc: asyncio.subprocess.Process, up: Callable[[bool], None]) -> int:
+    """Wait for the server to exit. A stopped server (SIGSTOP) accepts connections in the
+    kernel yet serves none: it is reported down at once and killed (so restarted) after
+    STOPPED_RESTART_SECONDS."""
+    stopped_since: float | None = None
+    while True:
+        try:
+            async with asyncio.timeout(WATCH_SECONDS):
+                return await proc.wait()
+        except TimeoutError:
+            pass
+        if not procs.stopped(proc.pid):
+            if stopped_since is not None:
+                log.warning("iperf3 server (pid %d) runs again", proc.pid)
+                stopped_since = None
+                up(True)
+            continue
+        if stopped_since is None:
+            log.warning("iperf3 server (pid %d) is stopped: peers' tests cannot run", proc.pid)
+            stopped_since = time.monotonic()
+            up(False)
+        elif time.monotonic() - stopped_since > STOPPED_RESTART_SECONDS:
+            log.warning("iperf3 server (pid %d) stopped for %g s: restarting it", proc.pid, STOPPED_RESTART_SECONDS)
+            procs.kill_group(proc.pid)
 
 
 async def supervise(command: list[str], up: Callable[[bool], None], restarted: Callable[[], None]) -> None:
@@ -51,8 +79,7 @@ async def supervise(command: list[str], up: Callable[[bool], None], restarted: C
         up(True)
         try:
             assert proc.stderr is not None
-            err = await proc.stderr.read(64 * 1024)
-            rc = await proc.wait()
+            err, rc = await asyncio.gather(proc.stderr.read(64 * 1024), watch(proc, up))
         except asyncio.CancelledError:
             await procs.stop_group(proc)
             up(False)
