@@ -18,7 +18,7 @@ def build(p: Params) -> Dashboard:
     ratio = (f'min by (region, peer_region) (path:pathprobe_throughput_expected_ratio:last{{{sel}, streams="1", '
              'direction="send"})')  # fmt: skip
     rtt = f'max by (region, peer_region) (path:pathprobe_rtt_seconds:p50_5m{{{sel}, protocol="tcp"}})'
-    loss = f"max by (region, peer_region) (path:pathprobe_udp_loss_ratio:rate5m{{{sel}}})"
+    loss = f'max by (region, peer_region) (path:pathprobe_udp_loss_ratio:rate5m{{{sel}, state="idle"}})'
     return (
         dashboard(p, "pathprobe-overview", "pathprobe / Overview",
                   "Every path between regions at a glance: throughput against expected, RTT, loss, firing alerts.")

@@ -11,6 +11,8 @@ from .common import FULL, THIRD, dashboard, query, selector, series
 
 def build(p: Params) -> Dashboard:
     sel = selector(p)
+    # Sent packets of both states: the per-direction counters are not split by state.
+    sent = f"sum without (state) (rate(pathprobe_udp_packets_sent_total{{{sel}}}[5m]))"
     rtt = "pathprobe_rtt_seconds"
     return (
         dashboard(p, "pathprobe-path", "pathprobe / Path detail",
@@ -57,11 +59,11 @@ def build(p: Params) -> Dashboard:
             "Share of echo packets lost over 5 minutes in all, and on the way to the peer (forward) and back "
             "(reverse), from the responder's own count.",
             "percentunit",
-            query(f"path:pathprobe_udp_loss_ratio:rate5m{{{sel}}}", "all {{host}} -> {{peer}}"),
-            query(f"rate(pathprobe_udp_packets_lost_forward_total{{{sel}}}[5m]) / "
-                  f"rate(pathprobe_udp_packets_sent_total{{{sel}}}[5m])", "forward {{host}} -> {{peer}}", ref="B"),
-            query(f"rate(pathprobe_udp_packets_lost_reverse_total{{{sel}}}[5m]) / "
-                  f"rate(pathprobe_udp_packets_sent_total{{{sel}}}[5m])", "reverse {{host}} -> {{peer}}", ref="C"),
+            query(f"path:pathprobe_udp_loss_ratio:rate5m{{{sel}}}", "{{state}} {{host}} -> {{peer}}"),
+            query(f"rate(pathprobe_udp_packets_lost_forward_total{{{sel}}}[5m]) / {sent}",
+                  "forward {{host}} -> {{peer}}", ref="B"),
+            query(f"rate(pathprobe_udp_packets_lost_reverse_total{{{sel}}}[5m]) / {sent}",
+                  "reverse {{host}} -> {{peer}}", ref="C"),
             span=THIRD))
         .with_panel(series(
             "Flows failing and the worst flow",

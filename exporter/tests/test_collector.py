@@ -50,7 +50,8 @@ def result(rtt: float | None = None) -> ThroughputResult:
 def test_every_outcome_starts_at_zero_and_no_created_series(tmp_path: Path) -> None:
     got = samples(Exporter(config(tmp_path)))
     assert value(got, "pathprobe_probe_runs_total", probe="rtt", peer="b", result="timeout") == 0
-    assert value(got, "pathprobe_udp_packets_lost_total", peer="c") == 0
+    assert value(got, "pathprobe_udp_packets_lost_total", peer="c", state="idle") == 0
+    assert value(got, "pathprobe_udp_packets_lost_total", peer="c", state="loaded") == 0
     assert not [n for n, _ in got if n.endswith("_created")]
     assert value(got, "pathprobe_schedule_members") == 3
     # Before any test, the expected value has no RTT: the inter-region per-flow limit binds.
@@ -79,8 +80,16 @@ def test_probe_outcomes_reach_metrics_with_the_injected_clock(tmp_path: Path) ->
     assert value(got, "pathprobe_probe_runs_total", probe="rtt", peer="b", result="refused") == 1
     assert value(got, "pathprobe_probe_last_success_timestamp_seconds", probe="rtt", peer="b") == 1234.5
     assert value(got, "pathprobe_probe_bytes_sent_total", probe="rtt", peer="b") == 3
-    assert value(got, "pathprobe_udp_packets_lost_total", peer="c") == 1
+    assert value(got, "pathprobe_udp_packets_lost_total", peer="c", state="idle") == 1
     assert value(got, "pathprobe_probe_runs_total", probe="loss", peer="c", result="timeout") == 1
+    # While a throughput test of this host or the peer may run, loss is counted apart.
+    e.store.load_state = lambda peer, now: "loaded"
+    echo.sent(64)
+    echo.lost()
+    got = samples(e)
+    assert value(got, "pathprobe_udp_packets_lost_total", peer="c", state="idle") == 1
+    assert value(got, "pathprobe_udp_packets_lost_total", peer="c", state="loaded") == 1
+    assert value(got, "pathprobe_udp_packets_sent_total", peer="c", state="loaded") == 1
 
 
 def test_a_result_is_rated_with_an_rtt_from_its_own_time(tmp_path: Path) -> None:

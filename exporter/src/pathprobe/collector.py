@@ -26,6 +26,7 @@ from .store import RELATIVE_ACCURACY, UDP_COUNTS, WINDOW_SECONDS, Store
 PEER = ["peer", "peer_region", "path_class"]
 TEST = [*PEER, "protocol", "streams", "direction"]
 PROBES = ("throughput", "rtt", "loss", "mtu")
+STATE_DOC = " state=loaded: this host or the peer may be in a throughput test (self-inflicted loss), else idle."
 CACHED = "Results are cached from the last completed test; see the matching _timestamp_seconds."
 
 
@@ -260,7 +261,9 @@ class Collector:
             "reordered": "Echoes that arrived after the echo of a later packet.",
             "late": "Echoes that arrived after the packet was counted lost.",
         }
-        families = {k: _counter(f"pathprobe_udp_packets_{k}", docs[k], PEER) for k in UDP_COUNTS}
+        families = {
+            k: _counter(f"pathprobe_udp_packets_{k}", docs[k] + STATE_DOC, [*PEER, "state"]) for k in UDP_COUNTS
+        }
         jitter = _gauge(
             "pathprobe_udp_rtt_variation_seconds",
             "Smoothed variation of successive UDP echo round-trip times (RFC 3550's jitter estimator, gain "
@@ -270,9 +273,11 @@ class Collector:
         udp = dict(self.store.udp)
         if self.cfg.probes.loss.enabled:
             for peer in self.cfg.peers:
-                counts = dict(udp.get(peer.name, {}))
-                for k in UDP_COUNTS:  # every series from zero, so that increase() sees the first loss
-                    families[k].add_metric(peer_labels(peer), counts.get(k, 0))
+                states = ("idle", "loaded") if self.cfg.throughput_for(peer).enabled else ("idle",)
+                for state in states:
+                    counts = dict(udp.get((peer.name, state), {}))
+                    for k in UDP_COUNTS:  # every series from zero, so that increase() sees the first loss
+                        families[k].add_metric([*peer_labels(peer), state], counts.get(k, 0))
         for name, value in dict(self.store.udp_jitter).items():
             jitter.add_metric(peer_labels(self.peers[name]), value)
         forward = _counter(

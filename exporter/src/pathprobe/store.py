@@ -104,7 +104,8 @@ class Store:
     # "idle" or "loaded" for a peer at a time: whether this host or the peer may be in a
     # throughput test (set by the exporter from the schedule; see Schedule.busy).
     load_state: Callable[[str, float], str] = lambda peer, now: "idle"
-    udp: dict[str, Counter[str]] = field(default_factory=dict)  # peer -> UDP_COUNTS
+    # peer, state ("idle"/"loaded" when the packet was counted) -> UDP_COUNTS
+    udp: dict[tuple[str, str], Counter[str]] = field(default_factory=dict)
     udp_jitter: dict[str, float] = field(default_factory=dict)
     flows_failing: dict[tuple[str, str], int] = field(default_factory=dict)  # peer, protocol
     worst_flow_loss: dict[str, float] = field(default_factory=dict)  # peer (udp)
@@ -185,29 +186,33 @@ class EchoSink:
 
     def __init__(self, store: Store, peer: str):
         self.store, self.peer = store, peer
-        self.counts = store.udp.setdefault(peer, Counter())
+
+    def _count(self, what: str) -> None:
+        # Loss under this host's or the peer's own throughput test is self-inflicted: kept apart.
+        state = self.store.load_state(self.peer, self.store.clock())
+        self.store.udp.setdefault((self.peer, state), Counter())[what] += 1
 
     def sent(self, size: int) -> None:
-        self.counts["sent"] += 1
+        self._count("sent")
         self.store.bytes_sent["loss", self.peer] += size
 
     def received(self, rtt: float) -> None:
-        self.counts["received"] += 1
+        self._count("received")
         self.store.observe_rtt(self.peer, "udp", rtt)
         self.store.success("loss", self.peer)
 
     def lost(self) -> None:
-        self.counts["lost"] += 1
+        self._count("lost")
         self.store.failure("loss", self.peer, "timeout")
 
     def duplicate(self) -> None:
-        self.counts["duplicate"] += 1
+        self._count("duplicate")
 
     def reordered(self) -> None:
-        self.counts["reordered"] += 1
+        self._count("reordered")
 
     def late(self) -> None:
-        self.counts["late"] += 1
+        self._count("late")
 
     def jitter(self, seconds: float) -> None:
         self.store.udp_jitter[self.peer] = seconds

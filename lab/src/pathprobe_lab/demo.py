@@ -100,8 +100,8 @@ TABLE_QUERIES = {
     " * 8 / 1e9",
     "p50": 'max by (host, peer) (pathprobe_rtt_seconds{protocol="tcp", state="idle", quantile="0.5"})',
     "p99": 'max by (host, peer) (pathprobe_rtt_seconds{protocol="tcp", state="idle", quantile="0.99"})',
-    "loss": "sum by (host, peer) (increase(pathprobe_udp_packets_lost_total[1m]))"
-    " / sum by (host, peer) (increase(pathprobe_udp_packets_sent_total[1m]))",
+    "loss": 'sum by (host, peer) (increase(pathprobe_udp_packets_lost_total{state="idle"}[1m]))'
+    ' / sum by (host, peer) (increase(pathprobe_udp_packets_sent_total{state="idle"}[1m]))',
     "age": "time() - max by (host, peer) (pathprobe_throughput_last_test_timestamp_seconds)",
 }
 

@@ -85,6 +85,12 @@ def render(p: Params) -> dict[str, Any]:
         f"path:pathprobe_rtt_seconds:p50_{p.rtt_recent_window}",
         f"path:pathprobe_rtt_seconds:p50_{p.rtt_baseline_window}",
     )
+    # Loss while this host or the peer runs a throughput test is self-inflicted: alerts count idle packets only.
+    by_path = f"sum by ({PATH}, host, region, peer_region)"
+    idle_loss = (
+        f'{by_path} (increase(pathprobe_udp_packets_lost_total{{{sel}, state="idle"}}[{p.loss_window}]))\n'
+        f'  / {by_path} (increase(pathprobe_udp_packets_sent_total{{{sel}, state="idle"}}[{p.loss_window}]))'
+    )
     alerts = [
         _alert("PathprobeThroughputBelowExpected",
                f"max_over_time({ratio}[{p.throughput_window}]) < {p.throughput_ratio_warning:g}\n{two_tests}",
@@ -115,17 +121,11 @@ def render(p: Params) -> dict[str, Any]:
                "warning", "Path RTT above its configured ceiling.",
                f"{path_text} RTT p50 is {{{{ $value | humanizeDuration }}}}, above the path's configured ceiling.",
                p, p.rtt_for),
-        _alert("PathprobePacketLossHigh",
-               f"sum by ({PATH}, host, region, peer_region) (increase(pathprobe_udp_packets_lost_total{{{sel}}}"
-               f"[{p.loss_window}]))\n  / sum by ({PATH}, host, region, peer_region) "
-               f"(increase(pathprobe_udp_packets_sent_total{{{sel}}}[{p.loss_window}])) > {p.loss_ratio_warning:g}",
+        _alert("PathprobePacketLossHigh", f"{idle_loss} > {p.loss_ratio_warning:g}",
                "warning", "Packet loss on a path.",
                f"{path_text} loses {{{{ $value | humanizePercentage }}}} of UDP echo packets over {p.loss_window}.",
                p, p.loss_for),
-        _alert("PathprobePacketLossCritical",
-               f"sum by ({PATH}, host, region, peer_region) (increase(pathprobe_udp_packets_lost_total{{{sel}}}"
-               f"[{p.loss_window}]))\n  / sum by ({PATH}, host, region, peer_region) "
-               f"(increase(pathprobe_udp_packets_sent_total{{{sel}}}[{p.loss_window}])) > {p.loss_ratio_critical:g}",
+        _alert("PathprobePacketLossCritical", f"{idle_loss} > {p.loss_ratio_critical:g}",
                "critical", "Heavy packet loss on a path.",
                f"{path_text} loses {{{{ $value | humanizePercentage }}}} of UDP echo packets over {p.loss_window}.",
                p, p.loss_for),
