@@ -183,6 +183,12 @@ def test_fire_drill(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
         n for n in sent[first_critical:] if ("firing", "PathprobeThroughputBelowExpected", "drill-b") in n
     ]
 
+    # The description names the binding limit of the test (one stream: the per-flow limit).
+    far = "PathprobeThroughputFarBelowExpected"
+    descriptions = [a["annotations"]["description"] for line in drill["log"].read_text().splitlines()
+                    for a in json.loads(line)["alerts"] if a["labels"]["alertname"] == far]  # fmt: skip
+    assert descriptions and all("(binding limit: per_flow)" in d for d in descriptions), descriptions
+
     restored = time.monotonic()
     shaping.restore(State.load(), "drill-a", "drill-b")  # type: ignore[arg-type]
     wait_for(
@@ -197,3 +203,28 @@ def test_fire_drill(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
             f"window {lab_alert_params(rotation_seconds(DRILL, SLOT)).throughput_window}: "
             f"fired after {time_to_fire:.0f} s, resolved after {time_to_resolve:.0f} s"
         )
+
+
+def test_loss_fires_the_loss_alert_and_resolves(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    state = State.load()
+    assert state is not None
+    spec = state.spec("drill-a", "drill-b")
+    seen_before = len(notifications(drill["log"]))
+    impaired = time.monotonic()
+    shaping.set_path(state, "drill-a", "drill-b", PathSpec(spec.rate, spec.one_way_delay, 0.03, spec.path_class))
+    wait_for("the loss alert", lambda: ("firing", "PathprobePacketLossHigh", "drill-b") in notifications(drill["log"]),
+             timeout=240)  # fmt: skip
+    time_to_fire = time.monotonic() - impaired
+    fired = {name for status, name, peer in notifications(drill["log"])[seen_before:] if status == "firing"}
+    # 3% is above the 1% warning and below the 5% critical threshold; TCP slows under loss, so the
+    # throughput alerts may join; nothing about RTT, reachability or the exporters.
+    assert "PathprobePacketLossCritical" not in fired
+    assert fired <= {"PathprobePacketLossHigh", "PathprobeThroughputBelowExpected",
+                     "PathprobeThroughputFarBelowExpected"}, fired  # fmt: skip
+    restored = time.monotonic()
+    shaping.restore(State.load(), "drill-a", "drill-b")  # type: ignore[arg-type]
+    resolved = ("resolved", "PathprobePacketLossHigh", "drill-b")
+    wait_for("the loss alert resolved", lambda: resolved in notifications(drill["log"]), timeout=240)
+    with capsys.disabled():
+        print(f"\nloss drill (3% one way): fired after {time_to_fire:.0f} s, "
+              f"resolved after {time.monotonic() - restored:.0f} s")  # fmt: skip
