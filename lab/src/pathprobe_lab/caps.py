@@ -5,8 +5,9 @@ On the host's own link (egress, as AWS applies them at the instance):
   PEAK (TBF `rate`/`burst`/`peakrate`): a host bursts while its bucket holds credits and
   falls to the baseline once they are spent, like network I/O credits;
 - the inter-region aggregate (region_cap): one HTB class for every destination in
-  another region;
-- the per-flow limit: fq's `maxrate` paces each flow (5-tuple) to it.
+  another region, one for the rest;
+- the per-flow limit: under each, leaf classes capped at it, one per flow (5-tuple
+  hashed by nftables, see apply()).
 The figures come from the same tables the exporter's model uses (the instance-type table
 and limits.yaml), divided by the topology's scale, and raised by the TCP/IP and Ethernet
 header share so that what iperf3 measures (payload) is the figure, as on AWS where a
