@@ -1,6 +1,10 @@
 """UDP echo accounting (pure logic: datagrams fed straight to the protocol object)."""
 
+import asyncio
+import contextlib
+import socket
 import time
+from collections import Counter
 
 import pytest
 
@@ -161,3 +165,41 @@ def test_one_dead_flow_of_eight_shows_as_a_failing_flow() -> None:
     assert r.lost == 20 and r.lost / r.sent == 1 / 8
     assert r.flows_failing == 1 and r.worst_flow_loss_ratio == 1.0
     assert r.lost_reverse == 0  # the responder's count on flow 5 never came back: unknown, not guessed
+
+
+def test_datagrams_the_full_queue_dropped_are_counted_as_overload() -> None:
+    counts: Counter[str] = Counter()
+
+    def count(result: str, n: int = 1) -> None:
+        counts[result] += n
+
+    async def flood() -> int:
+        resp = EchoResponder(AllowList(["127.0.0.0/8"]), max_pps_per_source=1e9, count=count)
+        await resp.start("127.0.0.1", 0)
+        sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            sent = 0
+            # The event loop does not run while this sends: the socket's queue fills and overflows.
+            for seq in range(20000):
+                with contextlib.suppress(BlockingIOError):
+                    sender.sendto(packet(seq, 0, 1400), resp.sockname())
+                    sent += 1
+            # The kernel reports its drop count with the next datagram it queues: one more, once drained.
+            deadline = time.monotonic() + 10
+            while counts["accepted"] < sent and time.monotonic() < deadline:
+                before = counts["accepted"]
+                await asyncio.sleep(0.2)
+                if counts["accepted"] == before:
+                    break
+            sender.sendto(packet(sent, 0, 1400), resp.sockname())
+            sent += 1
+            while sum(counts.values()) < sent and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            return sent
+        finally:
+            sender.close()
+            resp.close()
+
+    sent = asyncio.run(flood())
+    assert counts["dropped_queue_full"] > 0, counts
+    assert counts["accepted"] + counts["dropped_queue_full"] == sent, counts

@@ -144,8 +144,8 @@ class Store:
         self.bytes_sent["throughput", key[0]] += result.moved_bytes()
         self.success("throughput", key[0])
 
-    def count_request(self, responder: str, result: str) -> None:
-        self.responder_requests[responder, result] += 1
+    def count_request(self, responder: str, result: str, n: int = 1) -> None:
+        self.responder_requests[responder, result] += n
 
     def set_iperf3_up(self, up: bool) -> None:
         self.iperf3_server_up = up

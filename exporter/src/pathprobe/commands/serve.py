@@ -43,7 +43,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         stop = asyncio.Event()
         await stop_on_signals(stop)
         counts: Counter[tuple[str, str]] = Counter()
-        running = await responders.start(settings, iperf3, allow, lambda r, res: counts.update([(r, res)]))
+        running = await responders.start(settings, iperf3, allow, lambda r, res, n: counts.update({(r, res): n}))
         print(
             f"pathprobe serve: iperf3 :{args.iperf3_port}, tcp rr :{args.rr_port}, udp echo :{args.echo_port}; "
             f"answering {allow}",

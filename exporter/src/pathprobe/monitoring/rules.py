@@ -194,6 +194,13 @@ def render(p: Params) -> dict[str, Any]:
                "warning", "A host's responders refuse its peers.",
                "{{ $labels.peer }} refuses {{ $labels.probe }} probes from {{ $labels.host }}: its peer list, allow "
                "list or iperf3 keys do not include this host.", p),
+        _alert("PathprobeResponderOverloaded",
+               f'increase(pathprobe_responder_requests_total{{{sel}, responder="echo", '
+               f'result="dropped_queue_full"}}[{p.refused_window}]) > 0',
+               "warning", "A host's echo responder drops datagrams: its queue is full.",
+               "{{ $labels.host }}'s UDP echo responder dropped {{ $value | humanize }} datagrams in "
+               f"{p.refused_window} because its socket queue was full (a flood, or more peers than it keeps up "
+               "with): its peers read that as loss on their paths to it.", p),
         _alert("PathprobeScheduleMismatch",
                f"count(count by (fingerprint) (pathprobe_schedule_info{{{sel}}})) > 1", "warning",
                "Exporters derive different throughput schedules.",

@@ -58,8 +58,8 @@ async def start(
     """Start every responder; raises ResponderError when one cannot listen."""
     listen = str(settings.listen)
     check_port_free("iperf3 server", listen, iperf3.port)
-    rr = RrResponder(allow, settings.rr_max_connections_per_source, lambda result: count("rr", result))
-    echo = EchoResponder(allow, settings.echo_max_pps_per_source, lambda result: count("echo", result))
+    rr = RrResponder(allow, settings.rr_max_connections_per_source, lambda result: count("rr", result, 1))
+    echo = EchoResponder(allow, settings.echo_max_pps_per_source, lambda result, n=1: count("echo", result, n))
     rr_server = await rr.start(listen, settings.rr_port)
     try:
         await echo.start(listen, settings.echo_port)

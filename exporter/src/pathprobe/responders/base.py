@@ -5,7 +5,8 @@ from __future__ import annotations
 import errno
 from collections.abc import Callable
 
-Count = Callable[[str, str], None]  # (responder, result): accepted, not_allowed, rate_limited, malformed
+# (responder, result, how many): accepted, not_allowed, rate_limited, malformed, dropped_queue_full
+Count = Callable[[str, str, int], None]
 
 
 class ResponderError(Exception):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -18,11 +19,17 @@ from .base import listen_error
 MAX_FLOWS = 65536
 # Room for bursts from many peers in the one kernel queue (capped by net.core.rmem_max).
 RECEIVE_BUFFER_BYTES = 4 * 2**20
+# Linux: each datagram carries the count of datagrams the socket's full queue dropped so far.
+SO_RXQ_OVFL = 40
 
 
 class EchoResponder:
-    def __init__(self, allow: AllowList, max_pps_per_source: float, count: Callable[[str], None]):
+    def __init__(self, allow: AllowList, max_pps_per_source: float, count: Callable[..., None]):
+        """`count(result, n=1)`: outcomes of datagrams, including those the kernel dropped
+        because the socket's queue was full (SO_RXQ_OVFL): the responder was overloaded, which
+        the prober would otherwise read as path loss."""
         self.allow = allow
+        self._queue_drops = 0  # the kernel's cumulative count, as last seen
         self.max_pps = max_pps_per_source
         self.count = count
         self._buckets: dict[str, tuple[float, float]] = {}  # source -> (tokens, last refill)
@@ -92,6 +99,7 @@ class EchoResponder:
             sock.setsockopt(socket.IPPROTO_IP, wire.IP_PKTINFO, 1)
         else:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, 1)
+        sock.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
         stamps.enable(sock)
         self._sock = sock
         asyncio.get_running_loop().add_reader(sock, self._read, sock)
@@ -99,7 +107,9 @@ class EchoResponder:
     def _read(self, sock: socket.socket) -> None:
         for _ in range(64):
             try:
-                data, ancdata, _, addr = sock.recvmsg(65535, socket.CMSG_SPACE(64) + stamps.CMSG_SPACE)
+                data, ancdata, _, addr = sock.recvmsg(
+                    65535, socket.CMSG_SPACE(64) + socket.CMSG_SPACE(4) + stamps.CMSG_SPACE
+                )
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -109,6 +119,12 @@ class EchoResponder:
                 for lvl, kind, payload in ancdata
                 if (lvl, kind) in ((socket.IPPROTO_IP, wire.IP_PKTINFO), (socket.IPPROTO_IPV6, socket.IPV6_PKTINFO))
             ]
+            for lvl, kind, payload in ancdata:
+                if (lvl, kind) == (socket.SOL_SOCKET, SO_RXQ_OVFL) and len(payload) >= 4:
+                    dropped = int.from_bytes(payload[:4], sys.byteorder)
+                    if dropped > self._queue_drops:
+                        self.count("dropped_queue_full", dropped - self._queue_drops)
+                    self._queue_drops = dropped
             self.datagram_received(data, addr, stamps.kernel_time(ancdata))
 
     def close(self) -> None:
