@@ -276,8 +276,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def moto_server() -> Iterator[str]:
     exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
-    if exe is None:
-        pytest.skip("moto_server is not installed (pip install 'moto[server]')")
+    assert exe is not None, "moto_server is not installed (it is in the dev extra: pip install -e 'exporter[dev]')"
     port = free_port()
     proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
