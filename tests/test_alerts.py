@@ -122,7 +122,7 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     net.up(DRILL)
     for h in DRILL.hosts:
         cfg = exporter_config(
-            DRILL, h.name, work, SLOT, {"throughput": {"streams": [1], "duration_seconds": 2, "omit_seconds": 1}}
+            DRILL, h.name, work, SLOT, {"throughput": {"streams": [1, 4], "duration_seconds": 2, "omit_seconds": 1}}
         )
         start_exporter(h.name, cfg, work)
     log = work / "alerts.log"
@@ -140,6 +140,12 @@ def notifications_by_message(log: Path) -> list[list[tuple[str, str, str]]]:
         [(a["status"], a["labels"]["alertname"], a["labels"].get("peer", "")) for a in json.loads(line)["alerts"]]
         for line in log.read_text().splitlines()
     ]
+
+
+def alerts_sent(log: Path, alertname: str, status: str = "firing") -> list[dict]:
+    """Every alert of that name and status in the webhook's notifications, with labels and annotations."""
+    return [a for line in log.read_text().splitlines() for a in json.loads(line)["alerts"]
+            if a["labels"]["alertname"] == alertname and a["status"] == status]  # fmt: skip
 
 
 def notifications(log: Path) -> list[tuple[str, str, str]]:
@@ -175,27 +181,35 @@ def test_fire_drill(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
     # The critical alert inhibits the warning one on the same path: no notification from the first
     # critical one on lists the warning as firing. (A test run while the shaping changed can rate
     # between the two thresholds, so the warning alone may legitimately be sent before.)
-    sent = notifications_by_message(drill["log"])
-    first_critical = next(
-        i for i, n in enumerate(sent) if ("firing", "PathprobeThroughputFarBelowExpected", "drill-b") in n
-    )
-    assert fired and not [
-        n for n in sent[first_critical:] if ("firing", "PathprobeThroughputBelowExpected", "drill-b") in n
-    ]
+    # Per test (streams), as the inhibition matches them.
+    messages = [json.loads(line)["alerts"] for line in drill["log"].read_text().splitlines()]
 
-    # The description names the binding limit of the test (one stream: the per-flow limit).
-    far = "PathprobeThroughputFarBelowExpected"
-    descriptions = [a["annotations"]["description"] for line in drill["log"].read_text().splitlines()
-                    for a in json.loads(line)["alerts"] if a["labels"]["alertname"] == far]  # fmt: skip
-    assert descriptions and all("(binding limit: per_flow)" in d for d in descriptions), descriptions
+    def firing(message: list[dict], alertname: str, streams: str) -> bool:
+        return any(a["status"] == "firing" and a["labels"]["alertname"] == alertname
+                   and a["labels"].get("streams") == streams for a in message)  # fmt: skip
+
+    assert fired
+    for streams in {a["labels"].get("streams") for m in messages for a in m}:
+        critical = [i for i, m in enumerate(messages) if firing(m, "PathprobeThroughputFarBelowExpected", streams)]
+        after = messages[critical[0] :] if critical else []
+        assert not [m for m in after if firing(m, "PathprobeThroughputBelowExpected", streams)], streams
+
+    # The description names the binding limit of each test: one stream the per-flow limit, four
+    # the inter-region cap (c6gn.xlarge: 5 Gbps, 500 Mbit/s here).
+    wait_for("both tests' alerts", lambda: {"1", "4"} <= {a["labels"]["streams"] for a in alerts_sent(drill["log"],
+             "PathprobeThroughputFarBelowExpected")}, timeout=120)  # fmt: skip
+    for a in alerts_sent(drill["log"], "PathprobeThroughputFarBelowExpected"):
+        limit = {"1": "per_flow", "4": "region_cap"}[a["labels"]["streams"]]
+        assert f"(binding limit: {limit})" in a["annotations"]["description"], a
 
     restored = time.monotonic()
     shaping.restore(State.load(), "drill-a", "drill-b")  # type: ignore[arg-type]
     wait_for(
-        "the resolved notification",
-        lambda: ("resolved", "PathprobeThroughputFarBelowExpected", "drill-b") in notifications(drill["log"]),
+        "the resolved notifications of both tests",
+        lambda: {a["labels"]["streams"] for a in alerts_sent(drill["log"], "PathprobeThroughputFarBelowExpected",
+                 "resolved")} >= {"1", "4"},
         timeout=240,
-    )
+    )  # fmt: skip
     time_to_resolve = time.monotonic() - restored
     with capsys.disabled():
         print(
@@ -203,6 +217,42 @@ def test_fire_drill(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
             f"window {lab_alert_params(rotation_seconds(DRILL, SLOT)).throughput_window}: "
             f"fired after {time_to_fire:.0f} s, resolved after {time_to_resolve:.0f} s"
         )
+
+
+def new_alerts(log: Path, seen: int, status: str = "firing") -> list[dict]:
+    """Alerts of that status in the notifications after the first `seen` ones."""
+    return [a for line in log.read_text().splitlines()[seen:] for a in json.loads(line)["alerts"]
+            if a["status"] == status]  # fmt: skip
+
+
+def test_a_lowered_per_flow_cap_fires_for_one_stream_only(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    state = State.load()
+    assert state is not None
+    seen = len(drill["log"].read_text().splitlines())
+    far = "PathprobeThroughputFarBelowExpected"
+    impaired, impaired_at = time.monotonic(), time.time()
+    # 150 Mbit/s per flow: one stream reaches 30% of its 500 Mbit/s; four still fill the 500 Mbit/s cap.
+    shaping.set_per_flow_cap(state, "drill-a", 150e6)
+    try:
+        wait_for("the one-stream alert", lambda: [a for a in new_alerts(drill["log"], seen)
+                 if a["labels"]["alertname"] == far and a["labels"]["streams"] == "1"], timeout=240)  # fmt: skip
+        time_to_fire = time.monotonic() - impaired
+        # A four-stream test run since the change is healthy.
+        newer = f'pathprobe_throughput_last_test_timestamp_seconds{{host="drill-a",streams="4"}} > {impaired_at:.0f}'
+        wait_for("a four-stream test under the lowered cap", lambda: promql.query(drill["prom"], newer), timeout=60)
+        ratio = promql.query(drill["prom"], 'path:pathprobe_throughput_expected_ratio:last{host="drill-a",streams="4"}')
+        assert ratio and float(ratio[0]["value"][1]) > 0.9, ratio
+    finally:
+        shaping.set_per_flow_cap(State.load(), "drill-a", None)  # type: ignore[arg-type]
+    fired = {(a["labels"]["alertname"], a["labels"].get("streams", ""), a["labels"].get("host", ""))
+             for a in new_alerts(drill["log"], seen)}  # fmt: skip
+    assert fired == {(far, "1", "drill-a")}, fired
+    assert all("(binding limit: per_flow)" in a["annotations"]["description"] for a in new_alerts(drill["log"], seen))
+    restored = time.monotonic()
+    wait_for("the one-stream alert resolved", lambda: new_alerts(drill["log"], seen, "resolved"), timeout=240)
+    with capsys.disabled():
+        print(f"\nper-flow drill (500 -> 150 Mbit/s per flow): one-stream alert after {time_to_fire:.0f} s, "
+              f"resolved after {time.monotonic() - restored:.0f} s; four streams stayed healthy")  # fmt: skip
 
 
 def test_loss_fires_the_loss_alert_and_resolves(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:

@@ -59,7 +59,7 @@ def host_caps(topo: Topology, host: LabHost) -> HostCaps | None:
     if not host.instance_type:
         return None
     table = limits.table()
-    per_flow = table.per_flow["default"].gbps * limits.GBPS / topo.scale
+    per_flow = host.per_flow_cap or table.per_flow["default"].gbps * limits.GBPS / topo.scale
     e = instance_types.load().get(host.instance_type)
     if e is None:
         return HostCaps(per_flow, None, None, None, host.burst_bytes)

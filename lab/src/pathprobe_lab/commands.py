@@ -15,7 +15,7 @@ from pathprobe.commands.common import write_output
 from pathprobe.units import parse_duration, parse_quantity, parse_ratio
 
 from . import alerting, demo, net, shaping, topology
-from .caps import HostCaps
+from .caps import HostCaps, host_caps
 from .state import LabError, State, ns
 from .topology import PathSpec
 
@@ -52,6 +52,11 @@ def add_parser(sub: Any) -> None:
     r.add_argument("src")
     r.add_argument("dst")
     r.set_defaults(func=cmd_restore)
+
+    f = cmds.add_parser("per-flow-cap", help="change an AWS host's per-flow cap live (caps.py)")
+    f.add_argument("host")
+    f.add_argument("rate", help="lab bits/s, e.g. 150M; 'restore' for the table's figure at the lab's scale")
+    f.set_defaults(func=cmd_per_flow_cap)
 
     w = cmds.add_parser("webhook-routing", help="alertmanager.yml with every receiver a webhook (lab, laptop)")
     w.add_argument("--url", required=True, help="the webhook receiver's URL")
@@ -177,6 +182,21 @@ def cmd_impair(args: argparse.Namespace) -> int:
     spec = PathSpec(rate, delay, loss, current.path_class)
     _run(shaping.set_path, state, args.src, args.dst, spec)
     print(f"{args.src} -> {args.dst}: {spec.describe()}")
+    return 0
+
+
+def cmd_per_flow_cap(args: argparse.Namespace) -> int:
+    state = _state()
+    host = state.topo().hosts[_run(state.index, args.host) - 1]
+    if not host.instance_type:
+        raise SystemExit(f"pathprobe lab per-flow-cap: {args.host} names no instance type, so it has no AWS caps")
+    try:
+        rate = None if args.rate == "restore" else parse_quantity(args.rate, "rate")
+    except ValueError as exc:
+        raise SystemExit(f"pathprobe lab per-flow-cap: {exc}") from exc
+    _run(shaping.set_per_flow_cap, state, args.host, rate)
+    caps = host_caps(state.topo(), state.topo().hosts[state.index(args.host) - 1])
+    print(f"{args.host}: {caps.describe() if caps else ''}")
     return 0
 
 

@@ -12,6 +12,7 @@ from dataclasses import asdict
 
 from pathprobe import procs
 
+from . import caps
 from .state import NFT_TABLE, ROUTER, STATE_DIR, LabError, State, in_ns, iptables, sh
 from .topology import PathSpec, resolve
 
@@ -180,6 +181,13 @@ def set_path(state: State, src: str, dst: str, spec: PathSpec) -> None:
     state.paths[f"{src}>{dst}"] = asdict(spec)
     state.save()
     apply_shaping(state)
+
+
+def set_per_flow_cap(state: State, host: str, rate: float | None) -> None:
+    """Lower (or, with None, restore) one AWS host's per-flow cap (caps.py)."""
+    state.topology["hosts"][state.index(host) - 1]["per_flow_cap"] = rate
+    state.save()
+    caps.apply(state.topo())
 
 
 def restore(state: State, src: str, dst: str) -> PathSpec:

@@ -34,6 +34,9 @@ class LabHost(Strict):
     # With an instance type: the network I/O credits the host bursts on (lab bytes above the
     # baseline), refilled at the baseline whenever the host sends less (caps.py).
     burst_bytes: Size = 64 * 2**20
+    # With an instance type: the per-flow cap in lab bits/s (default: limits.yaml's per-flow
+    # limit at the lab's scale); `lab impair-host` lowers it to break that limit alone.
+    per_flow_cap: Rate | None = None
 
 
 class LabPath(Strict):
