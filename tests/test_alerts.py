@@ -278,3 +278,30 @@ def test_loss_fires_the_loss_alert_and_resolves(drill: dict, capsys: pytest.Capt
     with capsys.disabled():
         print(f"\nloss drill (3% one way): fired after {time_to_fire:.0f} s, "
               f"resolved after {time.monotonic() - restored:.0f} s")  # fmt: skip
+
+
+def test_added_delay_fires_the_rtt_baseline_alert_and_resolves(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    state = State.load()
+    assert state is not None
+    spec = state.spec("drill-a", "drill-b")
+    seen = len(drill["log"].read_text().splitlines())
+    impaired = time.monotonic()
+    # 8 ms RTT becomes 28 ms one way only (the echo's reverse path is untouched): more than 1.5x
+    # the 15-minute baseline the earlier drills built, and more than 2 ms above it.
+    shaping.set_path(state, "drill-a", "drill-b", PathSpec(spec.rate, spec.one_way_delay + 0.020, 0.0, spec.path_class))
+    try:
+        wait_for("the RTT alert", lambda: [a for a in new_alerts(drill["log"], seen)
+                 if a["labels"]["alertname"] == "PathprobeRttAboveBaseline" and a["labels"]["host"] == "drill-a"],
+                 timeout=420)  # fmt: skip
+        time_to_fire = time.monotonic() - impaired
+    finally:
+        shaping.restore(State.load(), "drill-a", "drill-b")  # type: ignore[arg-type]
+    fired = {a["labels"]["alertname"] for a in new_alerts(drill["log"], seen)}
+    # More delay lowers no expected value here (the buffers still cover 28 ms at 500 Mbit/s) and loses nothing.
+    assert fired == {"PathprobeRttAboveBaseline"}, fired
+    restored = time.monotonic()
+    wait_for("the RTT alert resolved", lambda: [a for a in new_alerts(drill["log"], seen, "resolved")
+             if a["labels"]["alertname"] == "PathprobeRttAboveBaseline"], timeout=420)  # fmt: skip
+    with capsys.disabled():
+        print(f"\ndelay drill (+20 ms one way): fired after {time_to_fire:.0f} s, "
+              f"resolved after {time.monotonic() - restored:.0f} s")  # fmt: skip

@@ -109,6 +109,7 @@ def lab_alert_params(rotation_seconds: float) -> Params:
         throughput_window=window,
         rtt_recent_window="1m",
         rtt_baseline_window="15m",
+        rtt_baseline_step="30s",
         rtt_for="30s",
         loss_window="1m",
         loss_for="30s",

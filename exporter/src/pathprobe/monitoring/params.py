@@ -28,6 +28,7 @@ class Params(Strict):
     rtt_baseline_min_increase_seconds: float = Field(default=0.002, ge=0, description="ignore smaller increases")
     rtt_recent_window: str = Field(default="30m", description="the 'now' of the RTT baseline comparison")
     rtt_baseline_window: str = Field(default="7d", description="the baseline of the RTT comparison")
+    rtt_baseline_step: str = Field(default="30m", description="the baseline's sampling step (well below its window)")
     rtt_for: str = Field(default="15m")
     loss_ratio_warning: float = Field(default=0.01, gt=0, lt=1)
     loss_ratio_critical: float = Field(default=0.05, gt=0, lt=1)

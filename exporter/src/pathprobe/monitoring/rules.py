@@ -74,8 +74,9 @@ def render(p: Params) -> dict[str, Any]:
     ]  # fmt: skip
     baseline = [
         {"record": f"path:pathprobe_rtt_seconds:p50_{p.rtt_baseline_window}",
-         # A 30-minute step: the median over days needs no finer grain, and a query stays small.
-         "expr": f"quantile_over_time(0.5, path:pathprobe_rtt_seconds:p50_5m[{p.rtt_baseline_window}:30m])"},
+         # A 30-minute step by default: the median over days needs no finer grain, and a query stays small.
+         "expr": f"quantile_over_time(0.5, path:pathprobe_rtt_seconds:p50_5m"
+                 f"[{p.rtt_baseline_window}:{p.rtt_baseline_step}])"},
     ]  # fmt: skip
     ratio = "path:pathprobe_throughput_expected_ratio:last"
     two_tests = (f"and on ({TEST})\nchanges(pathprobe_throughput_last_test_timestamp_seconds{{{sel}}}"
