@@ -112,7 +112,7 @@ hosts:
 paths:
   - {between: [ap-northeast-1, ap-northeast-3], one_way_delay: 4ms}
 """)
-SLOT = 16.0
+SLOT = 26.0  # two tests (1 and 4 streams) of 1 + 2 s with a 3 s margin each and 1 s of jitter per half
 PROM_PORT, AM_PORT, WEBHOOK_PORT = 19190, 19193, 19198
 
 

@@ -92,6 +92,21 @@ def test_probe_outcomes_reach_metrics_with_the_injected_clock(tmp_path: Path) ->
     assert value(got, "pathprobe_udp_packets_sent_total", peer="c", state="loaded") == 1
 
 
+def test_loaded_packets_of_a_peer_without_tests_are_exported(tmp_path: Path) -> None:
+    # c is never tested, but this host's tests with b load c's packets too: they must show.
+    cfg = config(tmp_path).model_dump(mode="json")
+    cfg["peers"][1]["throughput"] = {"enabled": False}
+    e = Exporter(Config.model_validate(cfg))
+    e.store.load_state = lambda peer, now: "loaded"
+    echo = e.store.echo_sink("c")
+    echo.sent(64)
+    echo.received(0.0004)
+    got = samples(e)
+    assert value(got, "pathprobe_udp_packets_sent_total", peer="c", state="loaded") == 1
+    assert value(got, "pathprobe_udp_packets_received_total", peer="c", state="loaded") == 1
+    assert value(got, "pathprobe_udp_packets_sent_total", peer="c", state="idle") == 0
+
+
 def test_a_result_is_rated_with_an_rtt_from_its_own_time(tmp_path: Path) -> None:
     e = Exporter(config(tmp_path))
     peer = e.cfg.peers[0]

@@ -21,7 +21,7 @@ from .budget import Budget
 from .config import Config, Peer, ThroughputSettings
 from .probes import REASONS
 from .schedule import Schedule
-from .store import RELATIVE_ACCURACY, UDP_COUNTS, WINDOW_SECONDS, Store
+from .store import RELATIVE_ACCURACY, STATES, UDP_COUNTS, WINDOW_SECONDS, Store
 
 PEER = ["peer", "peer_region", "path_class"]
 TEST = [*PEER, "protocol", "streams", "direction"]
@@ -271,9 +271,12 @@ class Collector:
             PEER,
         )
         udp = dict(self.store.udp)
+        # A peer's packets are "loaded" while this host or the peer is in any throughput test,
+        # whether or not the two test each other (Exporter.load_state): both states for every
+        # peer wherever this mesh runs tests.
+        states = STATES if self.cfg.half_slot_need(with_margin=False) else ("idle",)
         if self.cfg.probes.loss.enabled:
             for peer in self.cfg.peers:
-                states = ("idle", "loaded") if self.cfg.throughput_for(peer).enabled else ("idle",)
                 for state in states:
                     counts = dict(udp.get((peer.name, state), {}))
                     for k in UDP_COUNTS:  # every series from zero, so that increase() sees the first loss

@@ -40,7 +40,6 @@ def exporter_config(
         )
     probes: dict[str, Any] = {
         "throughput": {"protocols": ["tcp"], "streams": [1, 4], "duration_seconds": 3, "omit_seconds": 1},
-        "rtt": {"interval_seconds": 0.1},
         "loss": {"rate_pps": 20},
     }
     for key, value in (probe_overrides or {}).items():

@@ -52,7 +52,10 @@ class MtuProber:
         family = wire.socket_family(t.address)
         loop = asyncio.get_running_loop()
         self._seq += 1
-        sock = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            sock = socket.socket(family, socket.SOCK_DGRAM)
+        except OSError as exc:  # e.g. out of file descriptors: reported, never raised
+            return False, reason_of_oserror(exc)
         try:
             sock.setblocking(False)
             if family == socket.AF_INET6:
