@@ -55,6 +55,7 @@ def test_exhausted_budget_blocks_until_next_period(tmp_path: Path) -> None:
         b'{"period": "yesterday", "used_bytes": 10}',
         b"[" * 100000,
         b" " * 10000,
+        b'{"period": "9999-12-31", "used_bytes": 0}',  # its period's end overflowed every render
     ],
 )
 def test_a_corrupt_state_file_counts_the_day_as_spent(tmp_path: Path, content: bytes) -> None:
@@ -66,6 +67,7 @@ def test_a_corrupt_state_file_counts_the_day_as_spent(tmp_path: Path, content: b
     b = Budget(1000, state, clock=lambda: now[0])
     assert b.remaining() == 0 and not b.allows(1)
     assert b.load_error is not None and str(state) in b.load_error
+    assert b.period_end() == 20001 * DAY
     now[0] = 20001 * DAY + 1  # the next UTC day: a fresh allowance, and the file is whole again
     assert b.remaining() == 1000
     assert b.spend(10)

@@ -112,3 +112,81 @@ def test_a_stopped_iperf3_server_is_reported_down_then_restarted(
     asyncio.run(drill())
     assert states[:2] == [True, False] and states[-1] is False  # up, stopped: down, ..., cancelled: down
     assert restarts == [1]
+
+
+def fake_iperf3(tmp_path: Path, script: str) -> str:
+    binary = tmp_path / "iperf3"
+    binary.write_text(f"#!/bin/sh\n{script}\n")
+    binary.chmod(0o755)
+    return str(binary)
+
+
+@pytest.mark.parametrize(("script", "reason"), [
+    ("exec yes", "error"),  # prints without end: more than the output bound
+    ("head -c 300000 /dev/zero; exec sleep 60", "timeout"),  # prints, then hangs with its pipe unread
+    ("exec sleep 60", "timeout"),
+])  # fmt: skip
+def test_a_runaway_iperf3_client_ends_the_test_and_leaves_nothing(tmp_path: Path, script: str, reason: str) -> None:
+    from pathprobe.probes import ProbeFailure, ThroughputProber, ThroughputTest
+
+    prober = ThroughputProber(fake_iperf3(tmp_path, script), margin_seconds=1)
+    test = ThroughputTest("127.0.0.1", duration_seconds=1, omit_seconds=0)
+
+    async def once() -> ProbeFailure:
+        async with asyncio.timeout(20):  # the old code never returned from the first two
+            try:
+                await prober.run(test)
+            except ProbeFailure as exc:
+                return exc
+        raise AssertionError("a result from a fake iperf3")
+
+    started = time.monotonic()
+    failure = asyncio.run(once())
+    assert failure.reason == reason, failure
+    assert time.monotonic() - started < 10
+    assert not children(os.getpid())
+
+
+def test_a_server_that_writes_much_to_stderr_is_never_blocked(tmp_path: Path) -> None:
+    from pathprobe.responders import iperf3
+
+    # iperf3 -s writes a line per aborted client; 400 kB is a few thousand of them.
+    done = tmp_path / "done"
+    command = ["sh", "-c", f"head -c 400000 /dev/zero >&2; touch {done}; exec sleep 60"]
+    states: list[bool] = []
+
+    async def run() -> None:
+        task = asyncio.create_task(iperf3.supervise(command, states.append, lambda: None))
+        try:
+            async with asyncio.timeout(10):
+                while not done.exists():
+                    await asyncio.sleep(0.05)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    asyncio.run(run())
+    assert states[0] is True
+
+
+def test_a_taken_metrics_port_is_a_clear_error(tmp_path: Path) -> None:
+    import socket
+
+    import yaml
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = tmp_path / "pathprobe.yaml"
+        cfg.write_text(yaml.safe_dump({
+            "host": {"name": "a", "address": "127.0.0.1", "region": "r1"},
+            "peers": [{"name": "b", "address": "127.0.0.2", "region": "r2", "path_class": "inter_region"}],
+            "web": {"listen": f"127.0.0.1:{port}"},
+            "budget": {"state_file": str(tmp_path / "budget.json")},
+        }))  # fmt: skip
+        run = subprocess.run([sys.executable, "-m", "pathprobe", "run", "--config", str(cfg)],
+                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    assert f"cannot serve /metrics on 127.0.0.1:{port}" in run.stderr and "Traceback" not in run.stderr, run.stderr

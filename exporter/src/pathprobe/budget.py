@@ -91,8 +91,11 @@ class Budget:
             else:
                 self._refuse(str(exc), exc.period)
             return
-        except OSError as exc:
-            self._refuse(exc.strerror or str(exc), None)
+        except (OSError, ValueError) as exc:  # ValueError: a path the system refuses (a NUL in it)
+            self._refuse(getattr(exc, "strerror", None) or str(exc), None)
+            return
+        if period > self._period + dt.timedelta(days=1):  # beyond any clock skew: not a state this host wrote
+            self._refuse(f"period {period} is more than a day after today ({self.period}) by this clock", None)
             return
         if period > self._period:
             log.warning("budget state %s is for %s, after today (%s) by this clock: keeping %s",

@@ -80,13 +80,24 @@ def terminate(pid: int, grace: float = 3.0, group: bool = False) -> None:
             time.sleep(0.05)
 
 
-async def stop_group(proc: asyncio.subprocess.Process, grace: float = 2.0) -> None:
-    """SIGTERM the asyncio child's process group, SIGKILL it after `grace` seconds, reap it."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+async def stop_group(proc: asyncio.subprocess.Process, grace: float = 2.0, first: int = signal.SIGTERM) -> None:
+    """Signal the asyncio child's process group (`first`, then SIGKILL after `grace` seconds)
+    and reap it. Nobody else may be reading its pipes by then."""
+    for sig in (first, signal.SIGKILL):
         kill_group(proc.pid, sig)
         try:
             async with asyncio.timeout(grace):
-                await proc.wait()
+                await _ended(proc)
             return
         except TimeoutError:
             continue
+
+
+async def _ended(proc: asyncio.subprocess.Process) -> None:
+    """Wait for an asyncio child, reading its pipes to their end: asyncio reports the exit
+    only once every pipe has closed, and a full pipe that nobody reads never closes."""
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            while await stream.read(2**16):
+                pass
+    await proc.wait()

@@ -64,7 +64,11 @@ def local_port_range() -> int | None:
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = config.load(args.config, check_files=True)
     exporter = Exporter(cfg)
-    server = serve(cfg.web, registry(exporter.collector))
+    try:
+        server = serve(cfg.web, registry(exporter.collector))
+    except OSError as exc:  # a taken port, an unusable certificate (ssl.SSLError)
+        print(f"pathprobe: cannot serve /metrics on {cfg.web.listen}: {exc}", file=sys.stderr)
+        return EXIT_PROBE_FAILED
     log.info("pathprobe %s for %s: metrics on %s", __version__, cfg.host.name, cfg.web.listen)
 
     async def run() -> None:

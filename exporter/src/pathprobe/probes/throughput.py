@@ -6,6 +6,7 @@ import asyncio
 import json
 import math
 import os
+import signal
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -223,18 +224,19 @@ class ThroughputProber:
         except OSError as exc:  # missing, not executable, or not a program
             raise ProbeFailure("error", f"cannot run iperf3 {self.binary!r}: {exc.strerror or exc}") from exc
         limit = test.max_seconds(self.margin)
-        reads = asyncio.gather(
-            _read_bounded(proc.stdout, MAX_OUTPUT_BYTES, "stdout"),
-            _read_bounded(proc.stderr, MAX_STDERR_BYTES, "stderr"),
-        )
+        reads = [
+            asyncio.ensure_future(_read_bounded(proc.stdout, MAX_OUTPUT_BYTES, "stdout")),
+            asyncio.ensure_future(_read_bounded(proc.stderr, MAX_STDERR_BYTES, "stderr")),
+        ]
         try:
             async with asyncio.timeout(limit):
-                out, err = await reads
+                out, err = await asyncio.gather(*reads)
                 await proc.wait()
         except BaseException as exc:
-            reads.cancel()
-            procs.kill_group(proc.pid)
-            await proc.wait()
+            for r in reads:
+                r.cancel()
+            await asyncio.wait(reads)  # the pipes are read to their end below, by one reader
+            await procs.stop_group(proc, first=signal.SIGKILL)
             if isinstance(exc, TimeoutError):
                 raise ProbeFailure("timeout", f"iperf3 did not finish within {limit:g} s") from exc
             raise

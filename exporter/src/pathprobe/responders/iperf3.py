@@ -60,6 +60,15 @@ async def watch(proc: asyncio.subprocess.Process, up: Callable[[bool], None]) ->
             procs.kill_group(proc.pid)
 
 
+async def _tail(stream: asyncio.StreamReader, keep: int = 4096) -> bytes:
+    """A pipe read to its end, keeping its last `keep` bytes: a server whose stderr nobody
+    reads blocks on its next message (iperf3 -s writes one per aborted client)."""
+    tail = b""
+    while chunk := await stream.read(2**16):
+        tail = (tail + chunk)[-keep:]
+    return tail
+
+
 async def supervise(command: list[str], up: Callable[[bool], None], restarted: Callable[[], None]) -> None:
     """Keep an iperf3 server running until cancelled; then stop its process group.
     The server dies with this process (PR_SET_PDEATHSIG), even on SIGKILL."""
@@ -79,7 +88,7 @@ async def supervise(command: list[str], up: Callable[[bool], None], restarted: C
         up(True)
         try:
             assert proc.stderr is not None
-            err, rc = await asyncio.gather(proc.stderr.read(64 * 1024), watch(proc, up))
+            err, rc = await asyncio.gather(_tail(proc.stderr), watch(proc, up))
         except asyncio.CancelledError:
             await procs.stop_group(proc)
             up(False)
