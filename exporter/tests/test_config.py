@@ -190,6 +190,7 @@ NOT_A_SIZE = ":4: budget.daily_bytes: size must be a number or a string like '50
         ("schedule: {jitter_seconds: .nan}", ":4: schedule.jitter_seconds: Input should be a finite number"),
         ("web: {listen: '0.0.0.0:99999'}", ":4: web.listen: port of '0.0.0.0:99999' is above 65535"),
         ("budget: {daily_bytes: '" + "9" * 20000 + "x'}", ":4: budget.daily_bytes: size: cannot read"),
+        ("responders: {rr_max_connections_per_source: 4}", "is below probes.rtt.flows 8"),
     ],
 )  # fmt: skip
 def test_bad_values_are_config_errors(tmp_path: Path, extra: str, expected: str) -> None:

@@ -203,3 +203,17 @@ def test_datagrams_the_full_queue_dropped_are_counted_as_overload() -> None:
     sent = asyncio.run(flood())
     assert counts["dropped_queue_full"] > 0, counts
     assert counts["accepted"] + counts["dropped_queue_full"] == sent, counts
+
+
+def test_a_refusing_port_counts_each_packet_once() -> None:
+    # Regression (issue 17.13): each ICMP "port unreachable" answered the oldest packet of any
+    # flow, and packets were counted refused and lost both. Loopback sends an ICMP error per packet.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again when the probe runs
+    report = RttReport("udp", 0.005, 64)
+    settings = LossSettings(rate_pps=200, size_bytes=64, timeout_seconds=0.5, flows=4)
+    asyncio.run(EchoProber(Target("127.0.0.1", port), settings, ReportSink(report)).run(count=40))
+    assert report.sent == 40
+    assert report.failures["refused"] + report.lost == 40, (report.failures, report.lost)
+    assert report.failures["refused"] >= 36  # every one, but for a reply lost to a full queue

@@ -282,6 +282,13 @@ class Config(Strict):
         dupes = sorted(a for a, k in addrs.items() if k > 1)
         if dupes:
             raise ValueError(f"host and peer addresses must be unique; repeated: {_some(dupes)}")
+        # A mesh shares its probe settings: peers open as many RR connections to this host as it does to them.
+        if self.probes.rtt.enabled and self.responders.rr_max_connections_per_source < self.probes.rtt.flows:
+            raise ValueError(
+                f"responders.rr_max_connections_per_source {self.responders.rr_max_connections_per_source} is "
+                f"below probes.rtt.flows {self.probes.rtt.flows}: peers' RTT flows beyond it would be refused "
+                "and read as failing flows"
+            )
         need = self.half_slot_need()
         half = self.schedule.slot_seconds / 2
         if need > half:

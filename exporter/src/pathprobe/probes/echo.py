@@ -59,15 +59,16 @@ class EchoProber:
         self._memory = max(1024, int(settings.rate_pps * settings.timeout_seconds * 4))
 
     # --- receiving
-    def _read(self, sock: socket.socket) -> None:
+    def _read(self, sock: socket.socket, flow: int) -> None:
         for _ in range(64):
             try:
                 data, ancdata, _, addr = sock.recvmsg(2048, stamps.CMSG_SPACE)
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # an ICMP error on a connected socket: it answers the oldest packet
-                if self._outstanding:
-                    self._outstanding.popitem(last=False)
+            except OSError as exc:  # an ICMP error on a flow's socket: it answers that flow's oldest packet
+                oldest = next((seq for seq, (_, f, _) in self._outstanding.items() if f == flow), None)
+                if oldest is not None:
+                    del self._outstanding[oldest]
                 self.sink.failure(reason_of_oserror(exc))
                 return
             self.datagram_received(data, addr, stamps.kernel_time(ancdata))
@@ -192,8 +193,8 @@ class EchoProber:
             if count is not None:
                 return
             await asyncio.sleep(BACKOFF_SECONDS)
-        for sock in socks:
-            loop.add_reader(sock.fileno(), self._read, sock)
+        for flow, sock in enumerate(socks):
+            loop.add_reader(sock.fileno(), self._read, sock, flow)
         size = self.settings.size_bytes
         try:
             interval = 1 / self.settings.rate_pps
