@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -13,8 +14,11 @@ from typing import Any, TypeVar
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from pathprobe.config import Peer
+from pathprobe.limits import Expected, expected, window_share
+from pathprobe_lab.configs import exporter_config
 from pathprobe_lab.state import in_ns, ns, spawn
-from pathprobe_lab.topology import Topology
+from pathprobe_lab.topology import Topology, address
 
 T = TypeVar("T")
 PATHPROBE = [sys.executable, "-m", "pathprobe"]
@@ -73,3 +77,44 @@ def wait_for(what: str, check: Callable[[], T | None], timeout: float, every: fl
 def payload_rate(link_bits_per_second: float, mtu: int = 1500) -> float:
     """TCP payload bytes/s through a shaper that counts whole Ethernet frames (MSS with timestamps)."""
     return link_bits_per_second / 8 * (mtu - 52) / (mtu + 14)
+
+
+IPERF3_PORT = 5299  # the tests' own iperf3 servers, apart from the exporters'
+
+
+def buffer_max(host: str, which: str) -> int:
+    """The host's tcp_rmem or tcp_wmem max, read in its namespace."""
+    return int(in_host(host, ["cat", f"/proc/sys/net/ipv4/tcp_{which}"]).stdout.split()[2])
+
+
+def iperf3(topo: Topology, src: str, dst: str, streams: int, seconds: int, omit: int) -> dict[str, Any]:
+    """One plain iperf3 test between two lab hosts (-J output)."""
+    server = subprocess.Popen(
+        in_ns(ns(dst), ["iperf3", "-s", "-1", "--forceflush", "-p", str(IPERF3_PORT)]), stdout=subprocess.PIPE
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline()  # "-----": listening
+        dst_address = address([h.name for h in topo.hosts].index(dst) + 1)
+        proc = in_host(src, ["iperf3", "-c", dst_address, "-p", str(IPERF3_PORT), "-P", str(streams),
+                             "-t", str(seconds), "-O", str(omit), "-J"], timeout=seconds + omit + 30)  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-500:]
+        result: dict[str, Any] = json.loads(proc.stdout)
+        return result
+    finally:
+        server.wait(timeout=30)
+
+
+def measure_and_predict(topo: Topology, src: str, dst: str, streams: int, workdir: Path) -> tuple[float, Expected]:
+    """What iperf3 measures on a lab path once burst credits are spent (2 s left out: the 64 MiB
+    are spent within them), and the floor the exporter's model expects for it: the same
+    function, with the per-peer limits the lab writes into exporter configs, the RTT iperf3
+    saw and both ends' buffers."""
+    result = iperf3(topo, src, dst, streams, 4, 2)
+    measured = float(result["end"]["sum_received"]["bits_per_second"])
+    rtt = sum(s["sender"]["mean_rtt"] for s in result["end"]["streams"]) / streams / 1e6
+    cfg = exporter_config(topo, src, workdir, 16.0)
+    peer = Peer.model_validate(next(p for p in cfg["peers"] if p["name"] == dst))
+    me = next(h for h in topo.hosts if h.name == src)
+    e = expected(peer, me.instance_type, "tcp", streams, buffer_max(dst, "rmem"), rtt,
+                 sender_wmem_max=buffer_max(src, "wmem"), share=window_share())  # fmt: skip
+    return measured, e

@@ -9,24 +9,16 @@ must match what iperf3 measures once the credits are spent, 1 stream and 4.
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from helpers import in_host
-from pathprobe.config import Peer
-from pathprobe.limits import expected, window_share
+from helpers import iperf3, measure_and_predict
 from pathprobe_lab import net, topology
 from pathprobe_lab.caps import host_caps
-from pathprobe_lab.configs import exporter_config
-from pathprobe_lab.state import in_ns, ns
-from pathprobe_lab.topology import address
 
 TOPOLOGY = topology.load(None)
-PORT = 5299
 # Intra-region, inter-region, and both ways of the long path where the buffers bind.
 PAIRS = [("tokyo-a", "tokyo-b"), ("tokyo-a", "osaka-a"), ("singapore-a", "tokyo-a"), ("tokyo-b", "singapore-a")]
 
@@ -38,40 +30,12 @@ def lab() -> Iterator[None]:
     net.down()
 
 
-def buffer_max(host: str, which: str) -> int:
-    """The host's tcp_rmem or tcp_wmem max, read in its namespace."""
-    return int(in_host(host, ["cat", f"/proc/sys/net/ipv4/tcp_{which}"]).stdout.split()[2])
-
-
-def iperf3(src: str, dst: str, streams: int, seconds: int, omit: int) -> dict:
-    server = subprocess.Popen(
-        in_ns(ns(dst), ["iperf3", "-s", "-1", "--forceflush", "-p", str(PORT)]), stdout=subprocess.PIPE
-    )
-    try:
-        assert server.stdout is not None and server.stdout.readline()  # "-----": listening
-        dst_address = address([h.name for h in TOPOLOGY.hosts].index(dst) + 1)
-        proc = in_host(src, ["iperf3", "-c", dst_address, "-p", str(PORT), "-P", str(streams), "-t", str(seconds),
-                             "-O", str(omit), "-J"], timeout=seconds + omit + 30)  # fmt: skip
-        assert proc.returncode == 0, proc.stdout[-500:]
-        return json.loads(proc.stdout)
-    finally:
-        server.wait(timeout=30)
-
-
 @pytest.mark.parametrize("streams", [1, 4])
 @pytest.mark.parametrize(("src", "dst"), PAIRS)
 def test_the_model_predicts_the_lab_within_5_percent(
     lab: None, src: str, dst: str, streams: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # 2 s left out: the burst credits (64 MiB) are spent within them, so the floor applies.
-    result = iperf3(src, dst, streams, 4, 2)
-    measured = result["end"]["sum_received"]["bits_per_second"]
-    rtt = sum(s["sender"]["mean_rtt"] for s in result["end"]["streams"]) / streams / 1e6
-    cfg = exporter_config(TOPOLOGY, src, tmp_path, 16.0)
-    peer = Peer.model_validate(next(p for p in cfg["peers"] if p["name"] == dst))
-    me = next(h for h in TOPOLOGY.hosts if h.name == src)
-    e = expected(peer, me.instance_type, "tcp", streams, buffer_max(dst, "rmem"), rtt,
-                 sender_wmem_max=buffer_max(src, "wmem"), share=window_share())  # fmt: skip
+    measured, e = measure_and_predict(TOPOLOGY, src, dst, streams, tmp_path)
     with capsys.disabled():
         print(f"\n{src} -> {dst} x{streams}: measured {measured / 1e6:.1f} Mbit/s, expected "
               f"{e.bits_per_second / 1e6:.1f} ({e.limit}), {measured / e.bits_per_second - 1:+.1%}")  # fmt: skip
@@ -82,7 +46,7 @@ def test_a_host_bursts_on_its_credits_then_falls_to_its_baseline(lab: None) -> N
     caps = host_caps(TOPOLOGY, TOPOLOGY.hosts[0])
     assert caps is not None and caps.baseline and caps.peak
     # Credits refill at the baseline while the host is idle; let the last test's be spent first.
-    result = iperf3("tokyo-a", "tokyo-b", 4, 4, 0)
+    result = iperf3(TOPOLOGY, "tokyo-a", "tokyo-b", 4, 4, 0)
     seconds = [i["sum"]["bits_per_second"] for i in result["intervals"]]
     assert seconds[0] > 1.3 * caps.baseline, seconds  # on credits
     assert seconds[-1] == pytest.approx(caps.baseline, rel=0.05), seconds  # spent: the baseline

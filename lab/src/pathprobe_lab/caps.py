@@ -6,6 +6,8 @@ On the host's own link (egress, as AWS applies them at the instance):
   falls to the baseline once they are spent, like network I/O credits;
 - the inter-region aggregate (region_cap): one HTB class for every destination in
   another region, one for the rest;
+- the Transit Gateway attachment: one HTB class for the destinations of its
+  transit_gateway paths (the attachment's bandwidth; such a path has no region_cap);
 - the per-flow limit: under each, leaf classes capped at it, one per flow (5-tuple
   hashed by nftables, see apply()).
 The figures come from the same tables the exporter's model uses (the instance-type table
@@ -20,9 +22,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from pathprobe import instance_types, limits
+from pathprobe.config import PathClass
 
 from .state import in_ns, ns, sh
-from .topology import LabHost, Topology
+from .topology import LabHost, Topology, resolve
 
 # An MTU-sized TCP segment (with timestamps) is 1448 payload bytes in a 1514-byte frame.
 WIRE_PER_PAYLOAD = 1514 / 1448
@@ -44,6 +47,7 @@ class HostCaps:
     peak: float | None
     region_cap: float | None
     burst_bytes: int
+    transit_gateway: float | None = None  # the VPC attachment, where the host has transit_gateway paths
 
     def describe(self) -> str:
         def rate(v: float | None) -> str:
@@ -52,6 +56,7 @@ class HostCaps:
         return (
             f"per flow {rate(self.per_flow)}, instance {rate(self.baseline)} baseline / {rate(self.peak)} peak "
             f"({self.burst_bytes / 2**20:g} MiB of credits), other regions {rate(self.region_cap)}"
+            + (f", transit gateway {rate(self.transit_gateway)}" if self.transit_gateway else "")
         )
 
 
@@ -60,16 +65,27 @@ def host_caps(topo: Topology, host: LabHost) -> HostCaps | None:
         return None
     table = limits.table()
     per_flow = host.per_flow_cap or table.per_flow["default"].gbps * limits.GBPS / topo.scale
+    tgw = None
+    if transit_gateway_destinations(topo, host):
+        tgw = host.transit_gateway_cap or table.transit_gateway.gbps * limits.GBPS / topo.scale
     e = instance_types.load().get(host.instance_type)
     if e is None:
-        return HostCaps(per_flow, None, None, None, host.burst_bytes)
+        return HostCaps(per_flow, None, None, None, host.burst_bytes, tgw)
     return HostCaps(
         per_flow,
         e.baseline_bits_per_second / topo.scale,
         e.peak_bits_per_second / topo.scale,
         table.region_cap.gbps(e.vcpus, e.card.baseline_gbps) * limits.GBPS / topo.scale,
         host.burst_bytes,
+        tgw,
     )
+
+
+def transit_gateway_destinations(topo: Topology, host: LabHost) -> list[str]:
+    """The subnets of the hosts this one reaches through a Transit Gateway."""
+    paths = resolve(topo)
+    return [f"198.18.{j}.0/24" for j, h in enumerate(topo.hosts, start=1)
+            if h is not host and paths[(host.name, h.name)].path_class == PathClass.transit_gateway]  # fmt: skip
 
 
 def apply(topo: Topology) -> None:
@@ -82,7 +98,9 @@ def apply(topo: Topology) -> None:
         if caps is None:
             continue
         name = ns(host.name)
-        others = [f"198.18.{j}.0/24" for j, h in enumerate(topo.hosts, start=1) if h.region != host.region]
+        tgw = transit_gateway_destinations(topo, host)
+        others = [f"198.18.{j}.0/24" for j, h in enumerate(topo.hosts, start=1)
+                  if h.region != host.region and f"198.18.{j}.0/24" not in tgw]  # fmt: skip
         region_cap = caps.region_cap if others else None
         batch = []
         parent = "root"
@@ -94,6 +112,7 @@ def apply(topo: Topology) -> None:
         link = _bits(caps.peak or caps.per_flow * 64)
         batch.append(f"qdisc add dev eth0 {parent} handle 2: htb default 3")
         aggregates = [(1, link)] + ([(2, _bits(region_cap))] if region_cap else [])
+        aggregates += [(4, _bits(caps.transit_gateway))] if caps.transit_gateway else []
         for minor, rate in aggregates:
             batch.append(f"class add dev eth0 parent 2: classid 2:{minor} htb rate {rate} ceil {rate} {BURST}")
             for k in range(FLOW_CLASSES):
@@ -104,11 +123,9 @@ def apply(topo: Topology) -> None:
         sh(["tc", "-n", name, "qdisc", "del", "dev", "eth0", "root"], check=False)
         sh(["tc", "-n", name, "-batch", "-"], input_text="\n".join(batch) + "\n")
         flow = "meta l4proto { tcp, udp } meta priority set jhash ip saddr . th sport . ip daddr . th dport"
-        rules = (
-            [f"ip daddr {{ {', '.join(others)} }} {flow} mod {FLOW_CLASSES} offset {0x22000:#x} accept"]
-            if region_cap
-            else []
-        )
+        rules = [f"ip daddr {{ {', '.join(tgw)} }} {flow} mod {FLOW_CLASSES} offset {0x24000:#x} accept"] if tgw else []
+        if region_cap:
+            rules.append(f"ip daddr {{ {', '.join(others)} }} {flow} mod {FLOW_CLASSES} offset {0x22000:#x} accept")
         rules.append(f"ip daddr 198.18.0.0/15 {flow} mod {FLOW_CLASSES} offset {0x21000:#x}")
         script = (f"table inet {NFT_TABLE} {{}}\ndelete table inet {NFT_TABLE}\n"
                   f"table inet {NFT_TABLE} {{\n  chain post {{\n    type filter hook postrouting priority 0; "

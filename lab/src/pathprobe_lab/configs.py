@@ -35,7 +35,7 @@ def exporter_config(
                 "path_class": paths[(host_name, other.name)].path_class.value,
                 **({"tcp_rmem_max_bytes": other.tcp_rmem_max} if other.tcp_rmem_max else {}),
                 **({"tcp_wmem_max_bytes": other.tcp_wmem_max} if other.tcp_wmem_max else {}),
-                "limits": scaled_limits(topo, me.instance_type, other, paths[(host_name, other.name)].path_class),
+                "limits": scaled_limits(topo, me, other, paths[(host_name, other.name)].path_class),
             }
         )
     probes: dict[str, Any] = {
@@ -70,14 +70,17 @@ OVERRIDES = {
 }
 
 
-def scaled_limits(topo: Topology, host_instance: str, other: LabHost, path_class: PathClass) -> dict[str, float]:
+def scaled_limits(topo: Topology, me: LabHost, other: LabHost, path_class: PathClass) -> dict[str, float]:
     """The limits table's figures for this path divided by the topology's scale (the lab runs
     AWS Gbps as Gbit/s / 10), written as the per-peer overrides every exporter takes: the
-    production config has no scale."""
+    production config has no scale. A lab host's own Transit Gateway cap (topology) is its
+    attachment's figure, as the lab shapes it."""
     peer = Peer(name=other.name, address="198.18.0.1", region=other.region, path_class=path_class,
                 instance_type=other.instance_type)  # fmt: skip
-    bounds = expected(peer, host_instance, "tcp", 1, None, None)
+    bounds = expected(peer, me.instance_type, "tcp", 1, None, None)
     scaled = {OVERRIDES[k]: v / topo.scale for k, v in bounds.candidates.items() if k in OVERRIDES}
+    if me.transit_gateway_cap and "transit_gateway" in bounds.candidates:
+        scaled[OVERRIDES["transit_gateway"]] = me.transit_gateway_cap
     if bounds.peak_candidates.get("instance", 0) > bounds.candidates.get("instance", 0):
         scaled["instance_peak_bits_per_second"] = bounds.peak_candidates["instance"] / topo.scale
     return scaled

@@ -37,6 +37,9 @@ class LabHost(Strict):
     # With an instance type: the per-flow cap in lab bits/s (default: limits.yaml's per-flow
     # limit at the lab's scale); `lab impair-host` lowers it to break that limit alone.
     per_flow_cap: Rate | None = None
+    # With an instance type and a transit_gateway path: its VPC attachment's bandwidth in lab
+    # bits/s (default: limits.yaml's per-attachment figure at the lab's scale).
+    transit_gateway_cap: Rate | None = None
 
 
 class LabPath(Strict):
