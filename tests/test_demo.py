@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import select
 import signal
 import subprocess
 import time
@@ -16,8 +18,9 @@ from test_dashboards import dashboards, panels
 from test_lab import root_leftovers
 
 from helpers import PATHPROBE, wait_for
-from pathprobe import promql
+from pathprobe import procs, promql
 from pathprobe_lab import topology
+from pathprobe_lab.state import State
 
 PROM = "http://127.0.0.1:19090"
 
@@ -116,3 +119,70 @@ def test_demo_fills_prometheus_for_every_path_then_cleans_up(tmp_path: Path) -> 
     assert demo.returncode == 0, out[-2000:]
     assert "removed namespace pp-router" in out
     assert root_leftovers() == []
+
+
+# --- the demo ends cleanly however it ends ---------------------------------------------
+SMALL = """
+hosts:
+  - {name: demo-a, region: r1}
+  - {name: demo-b, region: r2, congestion: bbr}  # the lab extends the allowed list: put back after
+paths:
+  - {between: [r1, r2], one_way_delay: 2ms}
+"""
+SYSCTL = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+
+
+def start_demo(tmp_path: Path) -> tuple[subprocess.Popen[bytes], list[int]]:
+    """A small demo, once it says it is up, and the pids of every process it started."""
+    topo = tmp_path / "topology.yaml"
+    topo.write_text(SMALL)
+    demo = subprocess.Popen([*PATHPROBE, "demo", "--topology", str(topo), "--workdir", str(tmp_path / "work")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    assert demo.stdout is not None
+    out, deadline = b"", time.monotonic() + 120
+    while b"Ctrl-C stops" not in out:
+        assert time.monotonic() < deadline and demo.poll() is None, out.decode(errors="replace")[-2000:]
+        if select.select([demo.stdout], [], [], 1)[0]:
+            out += os.read(demo.stdout.fileno(), 65536)
+    state = State.load()
+    assert state is not None
+    return demo, [p["pid"] for p in state.processes]
+
+
+def assert_nothing_left(pids: list[int], sysctl_before: str) -> None:
+    assert root_leftovers() == []
+    assert [p for p in pids if procs.alive(p)] == []
+    assert SYSCTL.read_text() == sysctl_before
+
+
+def test_a_hung_up_terminal_ends_the_demo_cleanly(tmp_path: Path) -> None:
+    before = SYSCTL.read_text()
+    demo, pids = start_demo(tmp_path)
+    demo.send_signal(signal.SIGHUP)  # what a closed terminal or a dropped SSH session sends
+    out, _ = demo.communicate(timeout=90)
+    assert demo.returncode == 0, out[-2000:]
+    assert_nothing_left(pids, before)
+
+
+def test_ctrl_c_behind_a_closed_pipe_still_cleans_up(tmp_path: Path) -> None:
+    # `demo | tee log` and Ctrl-C: tee dies first, then the demo's clean-up writes into the closed pipe.
+    before = SYSCTL.read_text()
+    demo, pids = start_demo(tmp_path)
+    assert demo.stdout is not None
+    demo.stdout.close()
+    demo.send_signal(signal.SIGINT)
+    assert demo.wait(timeout=90) == 0
+    assert_nothing_left(pids, before)
+
+
+def test_a_crashed_child_ends_the_demo_cleanly(tmp_path: Path) -> None:
+    before = SYSCTL.read_text()
+    demo, pids = start_demo(tmp_path)
+    state = State.load()
+    assert state is not None
+    prometheus = next(p["pid"] for p in state.processes if p["what"] == "prometheus")
+    os.kill(prometheus, signal.SIGKILL)
+    out, _ = demo.communicate(timeout=90)
+    assert demo.returncode == 1, out[-2000:]
+    assert f"prometheus (pid {prometheus}) died" in out.decode(), out[-2000:]
+    assert_nothing_left(pids, before)

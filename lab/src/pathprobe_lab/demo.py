@@ -8,6 +8,7 @@ import contextlib
 import http.server
 import json
 import math
+import os
 import shutil
 import signal
 import sys
@@ -20,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from pathprobe import procs
 from pathprobe.monitoring import rules
 from pathprobe.promql import query
 
@@ -138,18 +140,44 @@ def table(prom: str, topo: topology.Topology) -> str:
     return "\n".join(lines)
 
 
+def say(text: str) -> bool:
+    """Print; False once stdout has gone (a closed pipe, a closed terminal), from then on
+    writing to /dev/null: the demo must still clean up all it made."""
+    try:
+        print(text, flush=True)
+        return True
+    except OSError:  # BrokenPipeError, EIO from a hung-up terminal
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return False
+
+
+def dead_children(state: State | None) -> list[str]:
+    """The demo's processes that have died (the delay line is restarted instead)."""
+    return [f"{p['what']} (pid {p['pid']})" for p in (state.processes if state else [])
+            if p["what"] != "delay-line" and not procs.alive(p["pid"])]  # fmt: skip
+
+
+# How often the demo checks its children; the live table is printed as often on a
+# terminal, every TABLE_SECONDS into a pipe or file.
+CHECK_SECONDS, TABLE_SECONDS = 5, 30
+
+
 def run(args: argparse.Namespace) -> int:
+    """The demo until Ctrl-C, SIGTERM, SIGHUP (a closed terminal), a closed stdout, the end of
+    --duration or the death of one of its processes; whichever it is, everything it made goes."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.set())
     if State.load() is not None or net._namespaces():
-        print("cleaning up a previous lab:")
+        say("cleaning up a previous lab:")
         for line in net.down():
-            print("  " + line)
+            say("  " + line)
     topo = topology.load(args.topology)
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     webhook = None
+    failed: list[str] = []
     try:
         try:
             net.up(topo)
@@ -162,28 +190,35 @@ def run(args: argparse.Namespace) -> int:
         prom, _ = start_monitoring(
             topo, work, args.prometheus_port, args.alertmanager_port, args.alertmanager_routing, args.slot_seconds
         )
-        print(
+        shown = say(
             f"Prometheus:   {prom}\nAlertmanager: http://127.0.0.1:{args.alertmanager_port}\n"
             f"Alerts log:   {alert_log}\nExporters:    "
             + ", ".join(f"http://{t}/metrics" for t in exporters)
-            + "\nCtrl-C stops and cleans up everything.",
-            flush=True,
+            + "\nCtrl-C stops and cleans up everything."
         )
         deadline = time.monotonic() + args.duration if args.duration else None
         tty = sys.stdout.isatty()
-        while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
-            if shaping.ensure_delay_line(State.load() or State({}, {})):
-                print("delay line had died: restarted", flush=True)
-            out = table(prom, topo)
-            print(("\x1b[H\x1b[2J" if tty else "\n") + time.strftime("%H:%M:%S ") + prom + "\n" + out, flush=True)
-            stop.wait(5 if tty else 30)
+        last_table = -math.inf
+        while shown and not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            state = State.load()
+            if state is not None and shaping.ensure_delay_line(state):
+                shown = say("delay line had died: restarted")
+            failed = dead_children(state)
+            if failed:
+                say(f"pathprobe demo: {', '.join(failed)} died (its log is in {work}): stopping")
+                break
+            if tty or time.monotonic() - last_table >= TABLE_SECONDS:
+                last_table = time.monotonic()
+                out = table(prom, topo)
+                shown = say(("\x1b[H\x1b[2J" if tty else "\n") + time.strftime("%H:%M:%S ") + prom + "\n" + out)
+            stop.wait(CHECK_SECONDS)
     finally:
         if webhook is not None:
             webhook.shutdown()
-        print("\nstopping:")
+        say("\nstopping:")
         for line in net.down():
-            print("  " + line)
-    return 0
+            say("  " + line)
+    return 1 if failed else 0
 
 
 def start_exporters(topo: topology.Topology, work: Path, slot_seconds: float) -> list[str]:
