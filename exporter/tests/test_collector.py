@@ -68,7 +68,7 @@ def test_probe_outcomes_reach_metrics_with_the_injected_clock(tmp_path: Path) ->
     echo = e.store.echo_sink("c")
     echo.sent(64)
     echo.received(0.0004)
-    echo.lost()
+    echo.lost(0.0)
     got = samples(e)
     assert value(got, "pathprobe_rtt_seconds_count", peer="b", protocol="tcp", state="idle") == 3
     raw = Summary.of([0.0071, 0.0072, 0.009])  # the one-shot probe's own quantiles
@@ -86,7 +86,7 @@ def test_probe_outcomes_reach_metrics_with_the_injected_clock(tmp_path: Path) ->
     # While a throughput test of this host or the peer may run, loss is counted apart.
     e.store.load_state = lambda peer, now: "loaded"
     echo.sent(64)
-    echo.lost()
+    echo.lost(0.0)
     got = samples(e)
     assert value(got, "pathprobe_udp_packets_lost_total", peer="c", state="idle") == 1
     assert value(got, "pathprobe_udp_packets_lost_total", peer="c", state="loaded") == 1
@@ -272,3 +272,14 @@ def test_allowance_counters_that_rise_during_a_test_name_the_instance(
     tests = len(e.cfg.throughput_for(peer).tests())
     total = value(got, "pathprobe_ena_allowance_exceeded_total", interface="eth0", counter="bw_out_allowance_exceeded")
     assert total == 1278 + 500 * tests
+
+
+def test_a_lost_packet_counts_in_the_state_it_was_sent_in(tmp_path: Path) -> None:
+    now = [112.0]
+    e = Exporter(config(tmp_path), clock=lambda: now[0])
+    e.store.load_state = lambda peer, t: "loaded" if 100 <= t < 110 else "idle"
+    echo = e.store.echo_sink("c")
+    echo.lost(7.0)  # sent at 105, under a test; its timeout ran out after the test
+    got = samples(e)
+    assert value(got, "pathprobe_udp_packets_lost_total", peer="c", state="loaded") == 1
+    assert value(got, "pathprobe_udp_packets_lost_total", peer="c", state="idle") == 0

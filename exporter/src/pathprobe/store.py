@@ -187,9 +187,10 @@ class EchoSink:
     def __init__(self, store: Store, peer: str):
         self.store, self.peer = store, peer
 
-    def _count(self, what: str) -> None:
-        # Loss under this host's or the peer's own throughput test is self-inflicted: kept apart.
-        state = self.store.load_state(self.peer, self.store.clock())
+    def _count(self, what: str, age: float = 0.0) -> None:
+        # Loss under this host's or the peer's own throughput test is self-inflicted: kept apart,
+        # by when the packet was sent (`age` seconds ago), not when its timeout ran out.
+        state = self.store.load_state(self.peer, self.store.clock() - age)
         self.store.udp.setdefault((self.peer, state), Counter())[what] += 1
 
     def sent(self, size: int) -> None:
@@ -201,8 +202,8 @@ class EchoSink:
         self.store.observe_rtt(self.peer, "udp", rtt)
         self.store.success("loss", self.peer)
 
-    def lost(self) -> None:
-        self._count("lost")
+    def lost(self, age: float) -> None:
+        self._count("lost", age)
         self.store.failure("loss", self.peer, "timeout")
 
     def duplicate(self) -> None:

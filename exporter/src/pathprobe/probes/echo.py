@@ -151,7 +151,7 @@ class EchoProber:
             del self._outstanding[seq]
             self._remember(self._expired, seq)
             self._flows[flow].health.record(lost=True)
-            self.sink.lost()
+            self.sink.lost(now - sent_at)
             expired = True
         if expired:
             self._account(force=everything)

@@ -99,7 +99,7 @@ class ReportSink:
         self.r.received += 1
         self.r.rtts.append(rtt)
 
-    def lost(self) -> None:
+    def lost(self, age: float) -> None:
         self.r.lost += 1
 
     def duplicate(self) -> None:
