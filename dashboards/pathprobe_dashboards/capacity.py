@@ -46,6 +46,13 @@ def build(p: Params) -> Dashboard:
             query(f'sum by (host) (increase(pathprobe_probe_bytes_sent_total{{{p.selector}, host=~"$host", '
                   'probe="throughput"}[1d]))', "{{host}}"),
             span=THIRD))
+        .with_panel(series(
+            "Probe cost per day", "Dollars the probes' transfer cost per day, at the exporters' budget.price_per_gb "
+            "of each path class (none where no price is set).",
+            "currencyUSD",
+            query(f'sum by (host) (increase(pathprobe_probe_cost_dollars_total{{{p.selector}, host=~"$host"}}[1d]))',
+                  "{{host}}"),
+            span=THIRD))
         .with_row(Row("Headroom and time"))
         .with_panel(
             table.Panel().title("Headroom to each limit")

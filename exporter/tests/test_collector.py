@@ -283,3 +283,33 @@ def test_a_lost_packet_counts_in_the_state_it_was_sent_in(tmp_path: Path) -> Non
     got = samples(e)
     assert value(got, "pathprobe_udp_packets_lost_total", peer="c", state="loaded") == 1
     assert value(got, "pathprobe_udp_packets_lost_total", peer="c", state="idle") == 0
+
+
+def test_steady_state_results_and_probe_cost_reach_metrics(tmp_path: Path) -> None:
+    cfg = config(tmp_path, budget={"state_file": str(tmp_path / "b.json"), "price_per_gb": {"inter_region": 0.02}})
+    e = Exporter(cfg)
+    steady = result()
+    steady.duration_seconds, steady.omit_seconds, steady.converged = 1.7, 0, True
+    e.store.record_throughput(("b", "tcp", "1", "send"), steady)
+    e.store.record_throughput(("c", "tcp", "1", "send"), result())  # fixed length: no converged series
+    got = samples(e)
+    assert value(got, "pathprobe_throughput_converged", peer="b", streams="1") == 1
+    assert not [k for k in got if k[0] == "pathprobe_throughput_converged" and ("peer", "c") in k[1]]
+    assert value(got, "pathprobe_throughput_test_duration_seconds", peer="b", streams="1") == 1.7
+    assert value(got, "pathprobe_throughput_test_duration_seconds", peer="c", streams="1") == 6
+    moved = value(got, "pathprobe_probe_bytes_sent_total", probe="throughput", peer="b")
+    assert value(got, "pathprobe_probe_cost_dollars_total", probe="throughput", peer="b") == pytest.approx(
+        moved / 1e9 * 0.02
+    )
+    # c is intra-region, which has no price here: no cost series rather than a made-up zero.
+    assert not [k for k in got if k[0] == "pathprobe_probe_cost_dollars_total" and ("peer", "c") in k[1]]
+
+
+def test_a_peer_can_keep_fixed_length_tests_when_the_mesh_stops_at_steady_state(tmp_path: Path) -> None:
+    cfg = config(tmp_path, probes={"throughput": {"steady_state": {"enabled": True}}}).model_dump(mode="json")
+    cfg["peers"][1]["throughput"] = {"steady_state": {"enabled": False}}
+    e = Exporter(Config.model_validate(cfg))
+    b, c = e.cfg.peers
+    assert e.turns.test(b, e.cfg.throughput_for(b), ("tcp", "1", "send")).steady is not None
+    assert e.turns.test(c, e.cfg.throughput_for(c), ("tcp", "1", "send")).steady is None
+    assert e.turns.test(b, e.cfg.throughput_for(b), ("udp", "1", "send")).steady is None  # TCP only

@@ -198,8 +198,23 @@ class Collector:
             "(median of the last 256 samples), times streams.",
             TEST,
         )
+        length = _gauge(
+            "pathprobe_throughput_test_duration_seconds",
+            "How long the last completed test ran (omitted seconds included): a steady-state test stops "
+            "once its rate has settled.",
+            TEST,
+        )
+        converged = _gauge(
+            "pathprobe_throughput_converged",
+            "1 when the last steady-state test stopped at a settled rate, 0 when it ran to its maximum "
+            "(its rate is then that of its last seconds). Absent for fixed-length tests.",
+            TEST,
+        )
         for (name, *key), r in dict(self.store.throughput).items():
             labels = [*peer_labels(self.peers[name]), *key]
+            length.add_metric(labels, r.duration_seconds + r.omit_seconds)
+            if r.converged is not None:
+                converged.add_metric(labels, float(r.converged))
             rate.add_metric(labels, r.receiver_bytes_per_second)
             sender.add_metric(labels, r.sender_bytes_per_second)
             if r.retransmits is not None:
@@ -229,7 +244,8 @@ class Collector:
         )
         for (peer, reason), n in dict(self.store.skipped).items():
             skipped.add_metric([peer, reason], n)
-        yield from (rate, sender, retransmits, udp_loss, jitter, ended, expected, peak, window, rises, skipped)
+        yield from (rate, sender, retransmits, udp_loss, jitter, ended, length, converged, expected, peak, window,
+                    rises, skipped)  # fmt: skip
 
     # --- RTT: exact quantiles over a sliding window, idle and under load apart
     def _rtt(self) -> Iterator[Metric]:
@@ -360,9 +376,19 @@ class Collector:
             "Bytes moved by probes this host started (throughput: both directions, what inter-region transfer bills).",
             ["probe", "peer"],
         )
+        cost = _counter(
+            "pathprobe_probe_cost_dollars",
+            "What the bytes of pathprobe_probe_bytes_sent_total cost at budget.price_per_gb of the peer's "
+            "path class (only for classes with a price).",
+            ["probe", "peer"],
+        )
+        prices = self.cfg.budget.price_per_gb
         for (probe, peer_name), n in dict(self.store.bytes_sent).items():
             moved.add_metric([probe, peer_name], n)
-        yield from (runs, last, moved)
+            price = prices.get(self.peers[peer_name].path_class)
+            if price is not None:
+                cost.add_metric([probe, peer_name], n / 1e9 * price)
+        yield from (runs, last, moved, cost)
 
     # --- this host: budget, schedule, responders
     def _host(self) -> Iterator[Metric]:

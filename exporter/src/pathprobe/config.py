@@ -63,6 +63,19 @@ class Host(Strict):
     interface: str = Field(default="", pattern=r"^[A-Za-z0-9_.:@-]{0,15}$")
 
 
+class SteadyStateSettings(Strict):
+    """Stop a TCP test once its rate has settled (probes/steady.py): duration_seconds is then
+    the most it runs, and omit_seconds is not used (the detector leaves slow start out)."""
+
+    enabled: bool = False
+    # Two successive windows' mean rates agree within this share.
+    tolerance: float = Field(default=0.02, gt=0, lt=0.5)
+    # A window spans this many RTTs of the path (the RTT probe's median), and at least min_window_seconds.
+    window_rtts: float = Field(default=4, ge=1, le=100)
+    min_window_seconds: float = Field(default=0.5, gt=0, le=10)
+    min_seconds: float = Field(default=1, ge=0, le=60)
+
+
 class ThroughputSettings(Strict):
     enabled: bool = True
     protocols: list[Protocol] = Field(default=["tcp"], min_length=1)
@@ -74,6 +87,7 @@ class ThroughputSettings(Strict):
     udp_bitrate: BitsPerSecond = 100e6
     # Socket buffer (iperf3 -w); None leaves the kernel's autotuning alone.
     window_bytes: Bytes | None = None
+    steady_state: SteadyStateSettings = SteadyStateSettings()
 
     def tests(self) -> list[tuple[str, str, str]]:
         """(protocol, streams, direction) of every test these settings ask for, in run order."""
@@ -88,6 +102,7 @@ class ThroughputOverrides(Strict):
     streams: list[Annotated[int, Field(ge=1, le=128)]] | None = None
     directions: list[Direction] | None = None
     udp_bitrate: BitsPerSecond | None = None
+    steady_state: SteadyStateSettings | None = None
 
 
 class ScheduleSettings(Strict):
@@ -223,6 +238,9 @@ class BudgetSettings(Strict):
     # Bytes that throughput tests started by this host may move per UTC day.
     daily_bytes: Bytes = Field(default=50 * 10**9)
     state_file: Path = Path("/var/lib/pathprobe/budget.json")
+    # Dollars per GB (10^9 bytes) of probe traffic by path class, as the provider bills it
+    # (e.g. inter_region: 0.02): pathprobe_probe_cost_dollars_total. Unset classes cost nothing.
+    price_per_gb: dict[PathClass, Annotated[float, Field(ge=0, le=100)]] = Field(default_factory=dict)
 
 
 # IP packet sizes a path of each class should carry (AWS: 9001 inside a VPC, 8500 over
@@ -301,7 +319,7 @@ class Config(Strict):
 
     def throughput_for(self, peer: Peer) -> ThroughputSettings:
         """The global throughput settings with this peer's overrides applied."""
-        changes = peer.throughput.model_dump(exclude_none=True)
+        changes = {name: value for name, value in peer.throughput if value is not None}  # models stay models
         return self.probes.throughput.model_copy(update=changes)
 
     def half_slot_need(self, with_margin: bool = True) -> float:

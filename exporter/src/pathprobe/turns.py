@@ -13,6 +13,7 @@ from .budget import Budget
 from .config import Config, Peer, ThroughputSettings
 from .expected import ExpectedTracker
 from .probes import ProbeFailure, ThroughputProber, ThroughputTest
+from .probes.steady import Detector
 from .schedule import Schedule
 from .store import Store
 
@@ -103,4 +104,6 @@ class ThroughputTurns:
             username=auth.username if auth else None,
             password_file=auth.password_file if auth else None,
             public_key_file=auth.public_key_file if auth else None,
+            steady_state=Detector.of(s.steady_state) if s.steady_state.enabled else None,
+            rtt_hint_seconds=self.tracker.windows[peer.name].median(),
         )  # fmt: skip

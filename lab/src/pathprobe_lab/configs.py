@@ -56,7 +56,12 @@ def exporter_config(
         "probes": probes,
         "schedule": {"slot_seconds": slot_seconds, "jitter_seconds": 1, "timeout_margin_seconds": 3},
         "web": {"listen": f"{address(index[me.name])}:{METRICS_PORT}"},
-        "budget": {"daily_bytes": "200GB", "state_file": str(state_dir / f"{me.name}-budget.json")},
+        "budget": {
+            "daily_bytes": "200GB",
+            "state_file": str(state_dir / f"{me.name}-budget.json"),
+            # Example prices for the cost panels (set the regions' own: they differ by region).
+            "price_per_gb": {"inter_region": 0.02, "intra_region": 0.01},
+        },
     }
     return cfg  # the host's own buffers: the exporter reads them in its namespace
 

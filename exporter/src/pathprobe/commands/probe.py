@@ -19,11 +19,13 @@ from ..config import (
     MtuSettings,
     Responders,
     RttSettings,
+    SteadyStateSettings,
     ThroughputSettings,
     default,
 )
 from ..probes import EchoProber, MtuProber, ProbeFailure, RttProber, Target, ThroughputProber, ThroughputTest
 from ..probes.report import ReportSink, RttReport, Summary
+from ..probes.steady import Detector
 from ..probes.throughput import ThroughputResult
 from ..units import format_bits, format_seconds
 from .common import EXIT_BAD_INPUT, EXIT_PROBE_FAILED, quantity
@@ -44,6 +46,17 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--congestion", "-C", choices=["cubic", "bbr", "reno"])
     t.add_argument("--window", "-w", help="socket buffer size, bytes (e.g. 4Mi)")
     t.add_argument("--iperf3", default=default(Iperf3Settings, "binary"), help="iperf3 binary")
+    t.add_argument(
+        "--steady-state",
+        action="store_true",
+        help="TCP: stop once the rate has settled; --duration is then the most it runs",
+    )
+    t.add_argument(
+        "--rtt-hint",
+        type=float,
+        metavar="SECONDS",
+        help="the path's RTT, for --steady-state's window (default: its shortest window)",
+    )
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=cmd_throughput)
 
@@ -107,6 +120,7 @@ def cmd_throughput(args: argparse.Namespace) -> int:
         omit_seconds=args.omit, congestion=args.congestion,
         udp_bitrate=quantity(args.bitrate, "--bitrate") or default(ThroughputSettings, "udp_bitrate"),
         window_bytes=int(window) if window else None,
+        steady_state=Detector.of(SteadyStateSettings()) if args.steady_state else None, rtt_hint_seconds=args.rtt_hint,
     )  # fmt: skip
     try:
         result = asyncio.run(ThroughputProber(args.iperf3).run(test))
@@ -120,7 +134,8 @@ def describe_throughput(target: str, r: ThroughputResult) -> str:
     way = "->" if r.direction == "send" else "<-"
     lines = [
         f"throughput this host {way} {target}: {r.protocol.upper()}, {r.streams} stream(s), "
-        f"{r.duration_seconds:g} s (+{r.omit_seconds:g} s omitted)",
+        f"{r.duration_seconds:g} s (+{r.omit_seconds:g} s omitted)"
+        + ("" if r.converged is None else ", stopped at a steady rate" if r.converged else ", never settled"),
         f"  receiver {format_bits(r.receiver_bytes_per_second * 8)}, "
         f"sender {format_bits(r.sender_bytes_per_second * 8)}",
     ]

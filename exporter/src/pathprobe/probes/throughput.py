@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -15,6 +16,10 @@ from typing import Any
 from .. import procs
 from ..config import Iperf3Settings, ThroughputSettings, default
 from .base import ProbeFailure, Reason
+from .steady import Detector, Interval, parse_interval
+
+# iperf3's reporting interval for a steady-state test.
+INTERVAL_SECONDS = 0.1
 
 # Substrings of iperf3's "error" field, first match wins.
 _ERROR_REASONS: tuple[tuple[str, Reason], ...] = (
@@ -52,11 +57,22 @@ class ThroughputTest:
     username: str | None = None
     password_file: Path | None = None
     public_key_file: Path | None = None
+    # Stop a TCP test at its steady state (probes/steady.py); duration_seconds is then its most.
+    steady_state: Detector | None = None
+    rtt_hint_seconds: float | None = None  # the path's RTT, for the detector's window
+
+    @property
+    def steady(self) -> Detector | None:
+        """The detector, for a test that stops at its steady state (TCP only)."""
+        return self.steady_state if self.protocol == "tcp" else None
 
     def command(self, binary: str = "iperf3") -> list[str]:
+        # A steady-state test reads intervals live: text (-J prints only at the end), fixed units.
+        output = ["-i", f"{INTERVAL_SECONDS:g}", "--forceflush", "-f", "k"] if self.steady else ["-J"]
+        omit = 0 if self.steady else self.omit_seconds
         cmd = [
-            binary, "-c", self.address, "-p", str(self.port), "-J",
-            "-t", f"{self.duration_seconds:g}", "-O", f"{self.omit_seconds:g}",
+            binary, "-c", self.address, "-p", str(self.port), *output,
+            "-t", f"{self.duration_seconds:g}", "-O", f"{omit:g}",
             "-P", str(self.streams),
             "--connect-timeout", str(int(self.connect_timeout_seconds * 1000)),
         ]  # fmt: skip
@@ -81,7 +97,7 @@ class ThroughputTest:
 
     def max_seconds(self, margin_seconds: float) -> float:
         """The longest a test may take before it is killed (connecting included in the margin)."""
-        return self.omit_seconds + self.duration_seconds + margin_seconds
+        return (0 if self.steady else self.omit_seconds) + self.duration_seconds + margin_seconds
 
 
 @dataclass
@@ -107,6 +123,9 @@ class ThroughputResult:
     rtt_seconds: float | None = None
     timestamp: float = 0.0
     iperf3_version: str = ""
+    # A steady-state test: whether it converged (False: it ran to duration_seconds), and how
+    # long it ran (duration_seconds is then the time it took); None for a fixed-length test.
+    converged: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -224,8 +243,11 @@ class ThroughputProber:
         except OSError as exc:  # missing, not executable, or not a program
             raise ProbeFailure("error", f"cannot run iperf3 {self.binary!r}: {exc.strerror or exc}") from exc
         limit = test.max_seconds(self.margin)
+        watch = _SteadyState(test, proc) if test.steady else None
         reads = [
-            asyncio.ensure_future(_read_bounded(proc.stdout, MAX_OUTPUT_BYTES, "stdout")),
+            asyncio.ensure_future(
+                watch.read(proc.stdout) if watch else _read_bounded(proc.stdout, MAX_OUTPUT_BYTES, "stdout")
+            ),
             asyncio.ensure_future(_read_bounded(proc.stderr, MAX_STDERR_BYTES, "stderr")),
         ]
         try:
@@ -240,8 +262,69 @@ class ThroughputProber:
             if isinstance(exc, TimeoutError):
                 raise ProbeFailure("timeout", f"iperf3 did not finish within {limit:g} s") from exc
             raise
+        if watch is not None:
+            return watch.result(out, err)
         if not out.strip():
             raise ProbeFailure(
                 "error", f"iperf3 exited {proc.returncode} with no output: {err.decode(errors='replace')[:200]}"
             )
         return parse(out, test)
+
+
+class _SteadyState:
+    """A steady-state test as it runs: its intervals, read line by line, and SIGINT to iperf3
+    (which ends the test at once) when the detector says the rate has settled."""
+
+    def __init__(self, test: ThroughputTest, proc: asyncio.subprocess.Process):
+        assert test.steady is not None
+        self.test, self.proc, self.detector = test, proc, test.steady
+        self.intervals: list[Interval] = []
+        self.rate: float | None = None  # bits/s, once converged
+
+    async def read(self, stream: asyncio.StreamReader | None) -> bytes:
+        """All of stdout (bounded), watching the intervals go by."""
+        assert stream is not None
+        lines: list[bytes] = []
+        size = 0
+        while line := await stream.readline():  # a line over 64 KiB raises ValueError: not iperf3
+            size += len(line)
+            if size > MAX_OUTPUT_BYTES:
+                raise ProbeFailure("error", f"iperf3 printed more than {MAX_OUTPUT_BYTES} bytes on stdout")
+            lines.append(line)
+            interval = parse_interval(line.decode(errors="replace"), self.test.streams)
+            if interval is None:
+                continue
+            self.intervals.append(interval)  # after convergence too: what the test moved until it stopped
+            if self.rate is None:
+                self.rate = self.detector.rate(self.intervals, self.test.rtt_hint_seconds)
+                if self.rate is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        self.proc.send_signal(signal.SIGINT)  # iperf3 stops the test and exits
+        return b"".join(lines)
+
+    def result(self, out: bytes, err: bytes) -> ThroughputResult:
+        """The converged result; or, for a test that ran to its maximum, the rate of its last
+        windows with converged=False; ProbeFailure for one that stopped before either."""
+        test, intervals = self.test, self.intervals
+        converged = self.rate is not None
+        ran = intervals[-1].end if intervals else 0.0
+        if not converged and ran < test.duration_seconds - INTERVAL_SECONDS:
+            message = (err or out).decode(errors="replace").strip().splitlines()
+            detail = message[-1][:200] if message else f"exit {self.proc.returncode}"
+            reason = classify_error(detail) if intervals == [] else "error"
+            raise ProbeFailure(reason, f"iperf3 stopped after {ran:g} of {test.duration_seconds:g} s "
+                                       f"without a steady rate: {detail}")  # fmt: skip
+        rate = self.rate if converged else self.detector.rate(intervals, test.rtt_hint_seconds, final=True)
+        if rate is None or not math.isfinite(rate):
+            raise ProbeFailure("error", "iperf3's intervals give no rate")
+        bits = sum(i.bits_per_second * i.seconds for i in intervals)
+        retransmits = [i.retransmits for i in intervals if i.retransmits is not None]
+        return ThroughputResult(
+            protocol=test.protocol, streams=test.streams, direction=test.direction,
+            duration_seconds=ran, omit_seconds=0, congestion=test.congestion, target_bits_per_second=None,
+            # The client's intervals: the sender's side with "send", the receiver's with -R; at a
+            # steady rate the two are the same (the bytes in flight no longer grow).
+            receiver_bytes_per_second=rate / 8, sender_bytes_per_second=rate / 8,
+            bytes_transferred=int(bits / 8), retransmits=sum(retransmits) if retransmits else None,
+            timestamp=time.time(), iperf3_version="", converged=converged,
+        )  # fmt: skip

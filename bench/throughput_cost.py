@@ -1,0 +1,109 @@
+"""Throughput probe cost: a test that stops at its steady state against a 10 s test, in bytes.
+
+For each RTT (1, 8, 74, 150 ms), lab rate (200 Mbit/s, 500 Mbit/s) and stream count (1, 4):
+a plain 10 s iperf3 test (its steady state: the mean of its last 5 s; the bytes it moved)
+and `pathprobe probe throughput --steady-state` with the path's RTT as its hint (the rate
+it converged on, the bytes, the time, whether it converged). Both ends have 32 MiB
+buffers, so the shaper binds, not a window.
+
+Run as root: .venv/bin/python bench/throughput_cost.py [--record DIR]   (about 6 minutes;
+builds its own two-host lab in 198.18.0.0/15 and removes it). --record keeps each 10 s
+test's interval lines (iperf3 -i 0.1 -f k) as a trace for exporter/tests/test_steady.py.
+Target (issue 14): within 2% of the steady state using at most 25% of a 10 s test's bytes,
+on every row up to 150 ms; rows that miss are marked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from pathprobe.probes.steady import parse_interval
+from pathprobe_lab import net, shaping
+from pathprobe_lab.state import State, in_ns, ns
+from pathprobe_lab.topology import PathSpec, Topology, address
+
+PATHPROBE = [sys.executable, "-m", "pathprobe"]
+TOPOLOGY = Topology.model_validate(
+    yaml.safe_load("""
+hosts:
+  - {name: src, region: r1, tcp_rmem_max: 33554432, tcp_wmem_max: 33554432}
+  - {name: dst, region: r2, tcp_rmem_max: 33554432, tcp_wmem_max: 33554432}
+""")
+)
+DST = address(2)
+RTTS, RATES, STREAMS = (0.001, 0.008, 0.074, 0.150), (200e6, 500e6), (1, 4)
+
+
+def in_src(cmd: list[str]) -> str:
+    proc = subprocess.run(in_ns(ns("src"), cmd), capture_output=True, text=True, timeout=120, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd}: {proc.stderr.strip() or proc.stdout[-300:]}")
+    return proc.stdout
+
+
+def shape(rate: float, rtt: float) -> None:
+    state = State.load()
+    assert state is not None
+    cls = state.spec("src", "dst").path_class
+    shaping.set_path(state, "src", "dst", PathSpec(rate, rtt / 2, 0.0, cls))
+    shaping.set_path(state, "dst", "src", PathSpec(None, rtt / 2, 0.0, cls))
+
+
+def row(rate: float, rtt: float, streams: int, record: Path | None) -> list[str]:
+    trace = in_src(["iperf3", "-c", DST, "-t", "10", "-i", "0.1", "-f", "k", "-P", str(streams)])
+    if record is not None:
+        name = f"rtt{rtt * 1e3:g}ms-{rate / 1e6:g}M-P{streams}.txt"
+        (record / name).write_text(f"streams {streams} rtt {rtt:g}\n{trace}")
+    intervals = [i for line in trace.splitlines() if (i := parse_interval(line, streams))]
+    steady = sum(i.bits_per_second * i.seconds for i in intervals if i.start >= 5) / 5
+    full_bytes = sum(i.bits_per_second * i.seconds for i in intervals) / 8
+    got = json.loads(in_src([*PATHPROBE, "probe", "throughput", DST, "-t", "10", "-P", str(streams),
+                             "--steady-state", "--rtt-hint", f"{rtt:g}", "--json"]))  # fmt: skip
+    measured = got["receiver_bytes_per_second"] * 8
+    off = measured / steady - 1
+    share = got["bytes_transferred"] / full_bytes
+    checks = ((abs(off) > 0.02, "off by more than 2%"), (share > 0.25, "more than 25% of the bytes"),
+              (not got["converged"], "never settled"))  # fmt: skip
+    missed = [why for bad, why in checks if bad]
+    return [f"{rtt * 1e3:g}", f"{rate / 1e6:g}", str(streams), f"{steady / 1e6:.1f}", f"{measured / 1e6:.1f}",
+            f"{off:+.1%}", f"{got['duration_seconds']:.2f}", f"{share:.0%}", ", ".join(missed) or "met"]  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--record", type=Path, help="keep the 10 s tests' interval lines here")
+    args = parser.parse_args()
+    if args.record:
+        args.record.mkdir(parents=True, exist_ok=True)
+    net.up(TOPOLOGY)
+    serve = subprocess.Popen(in_ns(ns("dst"), [*PATHPROBE, "serve", "--listen", DST, "--allow", "198.18.0.0/15"]),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    rows = []
+    try:
+        assert serve.stdout is not None and serve.stdout.readline()  # ready
+        for rtt in RTTS:
+            for rate in RATES:
+                shape(rate, rtt)
+                for streams in STREAMS:
+                    rows.append(row(rate, rtt, streams, args.record))
+                    print(" ".join(rows[-1]), file=sys.stderr, flush=True)
+    finally:
+        serve.terminate()
+        serve.wait(timeout=10)
+        net.down()
+    head = ["RTT ms", "Mbit/s", "P", "10 s steady", "stopped at", "off", "took s", "bytes", "target"]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    for r in [head, *rows]:
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+    print(f"{sum(r[-1] == 'met' for r in rows)} of {len(rows)} rows met the target")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

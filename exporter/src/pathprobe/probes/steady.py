@@ -1,0 +1,101 @@
+"""Steady state of a throughput test: iperf3's interval reports read while the test runs,
+and the point from which more seconds would only confirm the rate.
+
+A TCP test starts in slow start; once the congestion window (or a buffer, or a shaper)
+holds the rate, every further second moves bytes, billed per GB between regions, to
+measure the same number. The detector compares the mean rate of the last two windows of
+intervals; each window spans several RTTs (a rate is only stable over more than the
+sawtooth of one RTT) and at least `min_window_seconds`. When the two agree within the
+tolerance, after at least `min_seconds`, the test has converged: its rate is the mean
+of those two windows. A test that never converges ends at its maximum duration and
+says so (`converged=False`), with the mean of its last two windows.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..config import SteadyStateSettings
+
+# iperf3's interval line, as printed with -f k: "[SUM]   0.30-0.40   sec  5.62 MBytes  47185 Kbits/sec ..."
+# (one stream: "[  5]" instead of "[SUM]"). The rate is exact to 1 kbit/s; the transfer
+# column is rounded to 3 digits, so bytes are the rate times the interval.
+_INTERVAL = re.compile(
+    r"^\[\s*(?P<id>SUM|\d+)\]\s+(?P<start>\d+\.\d+)-(?P<end>\d+\.\d+)\s+sec\s+[\d.]+\s+\w?Bytes\s+"
+    r"(?P<rate>[\d.]+)\s+(?P<unit>[KMGT]?)bits/sec(?P<rest>.*)$"
+)
+_UNITS = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+
+
+@dataclass(frozen=True)
+class Interval:
+    start: float
+    end: float
+    bits_per_second: float
+    retransmits: int | None = None  # the sender's, where iperf3 shows them (not with -R)
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+def parse_interval(line: str, streams: int) -> Interval | None:
+    """One interval of the whole test from iperf3's text output: the [SUM] line with
+    several streams, the stream's own line with one; None for any other line (headers,
+    per-stream lines of a multi-stream test, the final sender/receiver summary)."""
+    m = _INTERVAL.match(line.strip())
+    if m is None or (m["id"] == "SUM") != (streams > 1):
+        return None
+    rest = m["rest"]
+    if "sender" in rest or "receiver" in rest:
+        return None
+    start, end = float(m["start"]), float(m["end"])
+    if end <= start:
+        return None
+    first = rest.split()[:1]
+    retransmits = int(first[0]) if first and first[0].isdigit() else None
+    return Interval(start, end, float(m["rate"]) * _UNITS[m["unit"]], retransmits)
+
+
+@dataclass(frozen=True)
+class Detector:
+    tolerance: float = 0.02
+    window_rtts: float = 4.0
+    min_window_seconds: float = 0.5
+    min_seconds: float = 1.0
+
+    @classmethod
+    def of(cls, s: SteadyStateSettings) -> Detector:
+        return cls(s.tolerance, s.window_rtts, s.min_window_seconds, s.min_seconds)
+
+    def window(self, rtt_seconds: float | None) -> float:
+        return max(self.min_window_seconds, self.window_rtts * (rtt_seconds or 0.0))
+
+    def rate(self, intervals: list[Interval], rtt_seconds: float | None, final: bool = False) -> float | None:
+        """The converged rate (bits/s) of a test so far, or None while it has not converged.
+        With `final`, the test has ended: the mean of its last two windows, converged or not."""
+        if not intervals:
+            return None
+        w = self.window(rtt_seconds)
+        end = intervals[-1].end
+        if end < max(self.min_seconds, 2 * w) and not final:
+            return None
+        recent = _mean(intervals, end - w, end)
+        earlier = _mean(intervals, end - 2 * w, end - w)
+        if recent is None or earlier is None:
+            return recent if final else None
+        if final or abs(recent - earlier) <= self.tolerance * max(recent, earlier):
+            return (recent + earlier) / 2
+        return None
+
+
+def _mean(intervals: list[Interval], start: float, end: float) -> float | None:
+    """Time-weighted mean rate of the intervals (or their parts) between start and end."""
+    bits = seconds = 0.0
+    for i in intervals:
+        overlap = min(i.end, end) - max(i.start, start)
+        if overlap > 0:
+            bits += i.bits_per_second * overlap
+            seconds += overlap
+    return bits / seconds if seconds > 0.5 * (end - start) else None

@@ -1,0 +1,157 @@
+"""The steady-state stop of throughput tests: iperf3's interval lines, the detector on
+synthetic and recorded traces, and the prober against a stand-in iperf3 that prints
+intervals as a real one does and stops on SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+
+import pytest
+
+from pathprobe.probes import ProbeFailure, ThroughputProber, ThroughputTest
+from pathprobe.probes.steady import Detector, Interval, parse_interval
+
+# iperf3 3.12, -P 2 -i 0.2 -f k, on loopback.
+LINES = """\
+Connecting to host 127.0.0.1, port 25995
+[  5] local 127.0.0.1 port 54832 connected to 127.0.0.1 port 25995
+[ ID] Interval           Transfer     Bitrate         Retr  Cwnd
+[  5]   0.00-0.20   sec  1.25 MBytes  52410 Kbits/sec    0   1.12 MBytes
+[SUM]   0.00-0.20   sec  2.50 MBytes  104820 Kbits/sec    3
+- - - - - - - - - - - - - - - - - - - - - - - - -
+[  5]   0.00-1.00   sec  6.00 MBytes  50328 Kbits/sec    0             sender
+[SUM]   0.00-1.00   sec  12.0 MBytes  100656 Kbits/sec    0             sender
+"""
+
+
+def test_interval_lines_of_the_whole_test_are_read_and_nothing_else() -> None:
+    many = [i for line in LINES.splitlines() if (i := parse_interval(line, 2))]
+    assert many == [Interval(0.0, 0.2, 104820e3, 3)]  # the [SUM] line; not the stream's, not the summary
+    one = [i for line in LINES.splitlines() if (i := parse_interval(line, 1))]
+    assert one == [Interval(0.0, 0.2, 52410e3, 0)]
+    assert parse_interval("[SUM]   0.20-0.10   sec  1 MBytes  5 Mbits/sec", 2) is None  # backwards
+    assert parse_interval("[SUM]   garbage", 2) is None
+
+
+def ramp(rates: list[float], step: float = 0.1) -> list[Interval]:
+    return [Interval(round(i * step, 3), round((i + 1) * step, 3), r) for i, r in enumerate(rates)]
+
+
+def test_slow_start_then_a_flat_rate_converges_on_the_flat_rate() -> None:
+    rates = [50e6 * 2**i for i in range(4)] + [480e6] * 40
+    d = Detector()
+    seen = []
+    for n in range(1, len(rates) + 1):
+        if (r := d.rate(ramp(rates[:n]), rtt_seconds=0.008)) is not None:
+            seen.append((n, r))
+            break
+    assert seen, "never converged"
+    n, rate = seen[0]
+    assert rate == pytest.approx(480e6)
+    assert n * 0.1 <= 1.5  # slow start (0.4 s) + two windows of 0.5 s, no more
+
+
+def test_the_window_spans_rtts_on_a_long_path() -> None:
+    # 150 ms: a window of 4 RTTs is 0.6 s, so convergence needs 1.2 s of flat rate at least.
+    assert Detector().window(0.150) == pytest.approx(0.6)
+    flat = ramp([300e6] * 11)
+    assert Detector().rate(flat, 0.150) is None
+    assert Detector().rate(ramp([300e6] * 12), 0.150) == pytest.approx(300e6)
+
+
+def test_a_rate_that_keeps_moving_never_converges_until_the_end() -> None:
+    rates = [400e6 if (i // 5) % 2 else 300e6 for i in range(100)]  # a 1 s period, 30% apart
+    d = Detector()
+    assert all(d.rate(ramp(rates[:n]), 0.008) is None for n in range(1, 101))
+    final = d.rate(ramp(rates), 0.008, final=True)
+    assert final is not None and 300e6 <= final <= 400e6
+
+
+RECORDED = sorted((Path(__file__).parent / "fixtures" / "steady").glob("*.txt"))
+
+
+@pytest.mark.parametrize("trace", RECORDED, ids=[t.stem for t in RECORDED])
+def test_recorded_lab_traces_converge_near_their_steady_state(trace: Path) -> None:
+    # Traces of 10 s tests recorded in the lab (bench/throughput_cost.py --record): the
+    # converged rate against the mean of the last 5 s, and the share of the bytes it took.
+    head, _, body = trace.read_text().partition("\n")
+    streams, rtt = int(head.split()[1]), float(head.split()[3])
+    intervals = [i for line in body.splitlines() if (i := parse_interval(line, streams))]
+    steady = sum(i.bits_per_second * i.seconds for i in intervals if i.start >= 5) / 5
+    total_bits = sum(i.bits_per_second * i.seconds for i in intervals)
+    d = Detector()
+    for n in range(1, len(intervals) + 1):
+        rate = d.rate(intervals[:n], rtt)
+        if rate is not None:
+            break
+    assert rate is not None, "did not converge in 10 s"
+    used = sum(i.bits_per_second * i.seconds for i in intervals[:n]) / total_bits
+    assert rate == pytest.approx(steady, rel=0.02)
+    assert used <= 0.25
+
+
+STAND_IN = """#!/bin/sh
+# Prints iperf3-like interval lines every 0.1 s at the rates given; stops on SIGINT as iperf3 does.
+trap 'echo "- - - -"; echo "[  5]   0.00-$t   sec  1 MBytes  1 Kbits/sec    0   sender"; exit 1' INT
+t=0.00
+for rate in RATES; do
+  n=$(awk "BEGIN { printf \\"%.2f\\", $t + 0.1 }")
+  echo "[  5]   $t-$n   sec  5.00 MBytes  $rate Kbits/sec    0   1.00 MBytes"
+  t=$n
+  sleep 0.1
+done
+EXIT
+"""
+
+
+def stand_in(tmp_path: Path, rates: list[int], exit_line: str = "exit 0") -> str:
+    binary = tmp_path / "iperf3"
+    binary.write_text(STAND_IN.replace("RATES", " ".join(map(str, rates))).replace("EXIT", exit_line))
+    binary.chmod(0o755)
+    return str(binary)
+
+
+def run(binary: str, duration: float) -> ThroughputTest | ProbeFailure:
+    test = ThroughputTest("127.0.0.1", duration_seconds=duration, omit_seconds=1, steady_state=Detector(),
+                          rtt_hint_seconds=0.01)  # fmt: skip
+    assert test.command()[test.command().index("-O") + 1] == "0" and "-J" not in test.command()
+
+    async def once() -> ThroughputTest | ProbeFailure:
+        try:
+            return await ThroughputProber(binary, margin_seconds=3).run(test)  # type: ignore[return-value]
+        except ProbeFailure as exc:
+            return exc
+
+    return asyncio.run(once())
+
+
+def test_the_prober_stops_iperf3_once_the_rate_settles(tmp_path: Path) -> None:
+    rates = [100_000, 200_000, 400_000] + [480_000] * 97  # 10 s if it ran to the end
+    r = run(stand_in(tmp_path, rates), duration=10)
+    assert not isinstance(r, ProbeFailure), r
+    assert r.converged is True  # type: ignore[attr-defined]
+    assert r.receiver_bytes_per_second == pytest.approx(480e6 / 8)  # type: ignore[attr-defined]
+    assert r.duration_seconds < 2  # type: ignore[attr-defined]
+    assert r.moved_bytes() == r.bytes_transferred  # type: ignore[attr-defined]
+
+
+def test_a_test_that_never_settles_runs_to_its_maximum_and_says_so(tmp_path: Path) -> None:
+    rates = [300_000 if (i // 5) % 2 else 400_000 for i in range(20)]
+    r = run(stand_in(tmp_path, rates), duration=2)
+    assert not isinstance(r, ProbeFailure), r
+    assert r.converged is False  # type: ignore[attr-defined]
+    assert math.isfinite(r.receiver_bytes_per_second)  # type: ignore[attr-defined]
+
+
+def test_output_that_stops_mid_test_is_a_failure_not_a_short_result(tmp_path: Path) -> None:
+    rates = [300_000 if (i // 5) % 2 else 400_000 for i in range(8)]
+    r = run(
+        stand_in(
+            tmp_path, rates, exit_line='echo "iperf3: error - control socket has closed unexpectedly" >&2; exit 1'
+        ),
+        duration=5,
+    )
+    assert isinstance(r, ProbeFailure) and r.reason == "error", r
+    assert "stopped after 0.8 of 5 s" in r.detail and "control socket" in r.detail
