@@ -12,11 +12,12 @@ from typing import Any
 
 from .. import ena
 from ..capacity import Review, Row, text_report
-from ..config import Iperf3Settings, Limits, PathClass, Peer, Responders, RttSettings, default
+from ..config import Iperf3Settings, Limits, PathClass, Peer, Responders, RttSettings, SteadyStateSettings, default
 from ..files import write_atomic
 from ..limits import expected, host_buffer_max, window_share
 from ..probes import ProbeFailure, RttProber, Target, ThroughputProber, ThroughputTest
 from ..probes.report import ReportSink, RttReport, Summary
+from ..probes.steady import Detector
 from ..promql import query
 from ..report import html_report
 from ..units import parse_quantity
@@ -31,6 +32,11 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--streams", default="1,4,8,16,32,64", help="comma-separated stream counts")
     c.add_argument("--duration", type=float, default=5, help="seconds per test")
     c.add_argument("--omit", type=float, default=1, help="seconds of slow start left out of each test")
+    c.add_argument(
+        "--steady-state",
+        action="store_true",
+        help="TCP: stop each test once its rate has settled (--duration is then its most): fewer bytes",
+    )
     c.add_argument("--protocol", choices=["tcp", "udp"], default="tcp")
     c.add_argument("--bitrate", default="1G", help="UDP: total target rate per test, bits/s")
     c.add_argument("--reverse", action="store_true", help="measure target -> this host")
@@ -108,7 +114,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                 f"that is over --max-bytes {max_bytes / 1e9:g} GB (inter-region transfer is billed): "
                 "pass --yes, or fewer --streams or a shorter --duration"
             )
-        review.rows = asyncio.run(sweep(args, streams, bitrate))
+        review.rows = asyncio.run(sweep(args, streams, bitrate, review.rtt_seconds))
     for row in review.rows:
         row.expected = _expected(args, peer, row.streams, review, bitrate)
     if args.report:
@@ -152,12 +158,14 @@ def measure_rtt(target: str, port: int, review: Review) -> float | None:
     return s.p50
 
 
-async def sweep(args: argparse.Namespace, streams: list[int], bitrate: float) -> list[Row]:
+async def sweep(args: argparse.Namespace, streams: list[int], bitrate: float, rtt: float | None) -> list[Row]:
     rows = []
     interface = ena.interface("")  # the ENA allowance counters of the default route's interface
+    steady = Detector.of(SteadyStateSettings()) if args.steady_state else None
     for n in streams:
         test = ThroughputTest(args.target, args.port, args.protocol, n, "receive" if args.reverse else "send",
-                                    args.duration, args.omit, udp_bitrate=bitrate)  # fmt: skip
+                              args.duration, args.omit, udp_bitrate=bitrate, steady_state=steady,
+                              rtt_hint_seconds=rtt)  # fmt: skip
         for attempt in range(BUSY_RETRIES):
             before = ena.read(interface)
             try:
