@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import scrape, start_exporter, topology, value, wait_for
+from helpers import in_host, scrape, start_exporter, topology, value, wait_for
 from pathprobe import promql
 from pathprobe.monitoring import params, rules
 from pathprobe_lab import demo, net, shaping
 from pathprobe_lab.configs import exporter_config, lab_alert_params, rotation_seconds
-from pathprobe_lab.state import State
+from pathprobe_lab.state import ROUTER, State, in_ns
 from pathprobe_lab.topology import PathSpec, address
 
 ALERTS = Path(__file__).parents[1] / "alerts"
@@ -304,4 +304,71 @@ def test_added_delay_fires_the_rtt_baseline_alert_and_resolves(drill: dict, caps
              if a["labels"]["alertname"] == "PathprobeRttAboveBaseline"], timeout=420)  # fmt: skip
     with capsys.disabled():
         print(f"\ndelay drill (+20 ms one way): fired after {time_to_fire:.0f} s, "
+              f"resolved after {time.monotonic() - restored:.0f} s")  # fmt: skip
+
+
+def alert_fired(log: Path, seen: int, alertname: str, host: str = "drill-a") -> list[dict]:
+    return [a for a in new_alerts(log, seen) if a["labels"]["alertname"] == alertname and a["labels"]["host"] == host]
+
+
+def alert_resolved(log: Path, seen: int, alertname: str) -> list[dict]:
+    return [a for a in new_alerts(log, seen, "resolved") if a["labels"]["alertname"] == alertname]
+
+
+def router_nft(script: str) -> None:
+    subprocess.run(in_ns(ROUTER, ["nft", "-f", "-"]), input=script, text=True, check=True)
+
+
+def test_one_dead_ecmp_member_fires_the_partial_failure_alert(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    # drill-a's echo prober sends over 8 sockets (source ports); a broken ECMP member drops what one of them
+    # sends. The path's loss alone is 1/8 (loss alerts may join); the partial-failure alert names the path.
+    seen = len(drill["log"].read_text().splitlines())
+
+    def ports() -> list[int] | None:
+        out = in_host("drill-a", ["ss", "-uanH", "dst", f"{address(2)}:9470"]).stdout
+        found = sorted({int(line.split()[3].rsplit(":", 1)[1]) for line in out.splitlines() if line.strip()})
+        return found if len(found) >= 8 else None
+
+    victim = wait_for("drill-a's echo flows", ports, timeout=30)[3]
+    impaired = time.monotonic()
+    router_nft(f"table inet ecmp {{\n chain member {{\n type filter hook forward priority 0\n"
+               f" udp sport {victim} drop\n }}\n}}\n")  # fmt: skip
+    try:
+        fired = wait_for(
+            "the partial-failure alert",
+            lambda: alert_fired(drill["log"], seen, "PathprobePathPartiallyFailing"),
+            timeout=240,
+        )
+        time_to_fire = time.monotonic() - impaired
+    finally:
+        subprocess.run(in_ns(ROUTER, ["nft", "delete", "table", "inet", "ecmp"]), check=False)
+    assert fired[0]["labels"]["peer"] == "drill-b" and fired[0]["labels"]["protocol"] == "udp", fired
+    restored = time.monotonic()
+    wait_for("it resolved", lambda: alert_resolved(drill["log"], seen, "PathprobePathPartiallyFailing"), timeout=240)
+    with capsys.disabled():
+        print(f"\nECMP drill (1 of 8 echo flows dropped): fired after {time_to_fire:.0f} s, "
+              f"resolved after {time.monotonic() - restored:.0f} s")  # fmt: skip
+
+
+def test_a_path_mtu_black_hole_fires_and_names_the_size(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    # The router's link to drill-b carries 1450 bytes, and its "fragmentation needed" is filtered: 1500-byte
+    # packets (what the inter-region class must carry) vanish. Throughput tests stall too, so their alerts may join.
+    seen = len(drill["log"].read_text().splitlines())
+    impaired = time.monotonic()
+    subprocess.run(["ip", "-n", ROUTER, "link", "set", "r2", "mtu", "1450"], check=True)
+    router_nft("table inet pmtu {\n chain out {\n type filter hook output priority 0\n"
+               " icmp type destination-unreachable icmp code frag-needed drop\n }\n}\n")  # fmt: skip
+    try:
+        fired = wait_for(
+            "the black-hole alert", lambda: alert_fired(drill["log"], seen, "PathprobePathMtuBlackHole"), timeout=240
+        )
+        time_to_fire = time.monotonic() - impaired
+    finally:
+        subprocess.run(["ip", "-n", ROUTER, "link", "set", "r2", "mtu", "1500"], check=False)
+        subprocess.run(in_ns(ROUTER, ["nft", "delete", "table", "inet", "pmtu"]), check=False)
+    assert {(a["labels"]["peer"], a["labels"]["size_bytes"]) for a in fired} == {("drill-b", "1500")}, fired
+    restored = time.monotonic()
+    wait_for("it resolved", lambda: alert_resolved(drill["log"], seen, "PathprobePathMtuBlackHole"), timeout=240)
+    with capsys.disabled():
+        print(f"\nMTU drill (1500 bytes black-holed): fired after {time_to_fire:.0f} s, "
               f"resolved after {time.monotonic() - restored:.0f} s")  # fmt: skip

@@ -120,6 +120,9 @@ def lab_alert_params(rotation_seconds: float) -> Params:
         rtt_for="30s",
         loss_window="1m",
         loss_for="30s",
+        partial_failure_for="60s",  # longer than any self-inflicted loss of a test (a flow counts 32 packets)
+        mtu_memory="15m",
+        mtu_for="30s",
         unreachable_window="30s",
         unreachable_for="30s",
         exporter_down_for="30s",

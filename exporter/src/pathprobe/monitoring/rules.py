@@ -65,6 +65,7 @@ def render(p: Params) -> dict[str, Any]:
          "expr": f"rate(pathprobe_udp_packets_lost_total{{{sel}}}[5m])\n"
                  f"  / rate(pathprobe_udp_packets_sent_total{{{sel}}}[5m])"},
         # RTT quantiles come exact from the exporter (a 5-minute sliding window, idle samples only).
+        # Longer windows are medians of those 5-minute medians: a summary's quantiles cannot be merged.
         {"record": "path:pathprobe_rtt_seconds:p50_5m",
          "expr": f'max without (quantile, state) (pathprobe_rtt_seconds{{{sel}, state="idle", quantile="0.5"}})'},
         {"record": "path:pathprobe_rtt_seconds:p99_5m",
