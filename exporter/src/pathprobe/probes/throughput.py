@@ -286,7 +286,13 @@ class _SteadyState:
         assert stream is not None
         lines: list[bytes] = []
         size = 0
-        while line := await stream.readline():  # a line over 64 KiB raises ValueError: not iperf3
+        while True:
+            try:
+                line = await stream.readline()
+            except ValueError as exc:  # a line over the reader's 64 KiB: not iperf3's
+                raise ProbeFailure("error", f"iperf3 printed a line too long to be its own: {exc}") from exc
+            if not line:
+                break
             size += len(line)
             if size > MAX_OUTPUT_BYTES:
                 raise ProbeFailure("error", f"iperf3 printed more than {MAX_OUTPUT_BYTES} bytes on stdout")
