@@ -56,6 +56,11 @@ def render(p: Params) -> dict[str, Any]:
          "expr": f"pathprobe_throughput_bytes_per_second{{{sel}}} * 8"},
         {"record": "path:pathprobe_throughput_expected_bits_per_second:last",
          "expr": f"pathprobe_throughput_expected_bytes_per_second{{{sel}}} * 8"},
+        # When each test last ran, recorded with its ratio: the alerts' "at least two tests" guard must
+        # read the same evaluation as the ratios (a raw series is one scrape ahead of a recorded one in
+        # another group, and a guard that sees a new test before its ratio fires on the older test alone).
+        {"record": "path:pathprobe_throughput_last_test_timestamp_seconds:last",
+         "expr": f"pathprobe_throughput_last_test_timestamp_seconds{{{sel}}}"},
         # The binding limit is not part of a path's identity: a change of it must not restart `for:`.
         {"record": "path:pathprobe_throughput_expected_ratio:last",
          "expr": f"pathprobe_throughput_bytes_per_second{{{sel}}}\n"
@@ -80,7 +85,7 @@ def render(p: Params) -> dict[str, Any]:
                  f"[{p.rtt_baseline_window}:{p.rtt_baseline_step}])"},
     ]  # fmt: skip
     ratio = "path:pathprobe_throughput_expected_ratio:last"
-    two_tests = (f"and on ({TEST})\nchanges(pathprobe_throughput_last_test_timestamp_seconds{{{sel}}}"
+    two_tests = (f"and on ({TEST})\nchanges(path:pathprobe_throughput_last_test_timestamp_seconds:last{{{sel}}}"
                  f"[{p.throughput_window}]) >= 1")  # fmt: skip
     rotations = f"on (instance) group_left () ({p.stale_rotations:g} * pathprobe_schedule_rotation_seconds{{{sel}}})"
     recent, base = (
