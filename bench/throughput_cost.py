@@ -91,7 +91,11 @@ def main() -> int:
             for rate in RATES:
                 shape(rate, rtt)
                 for streams in STREAMS:
-                    rows.append(row(rate, rtt, streams, args.record))
+                    try:
+                        rows.append(row(rate, rtt, streams, args.record))
+                    except RuntimeError as exc:  # a failed test is a row of its own, not the end of the bench
+                        rows.append([f"{rtt * 1e3:g}", f"{rate / 1e6:g}", str(streams), *["-"] * 5,
+                                     f"failed: {str(exc)[-80:]}"])  # fmt: skip
                     print(" ".join(rows[-1]), file=sys.stderr, flush=True)
     finally:
         serve.terminate()
