@@ -69,6 +69,8 @@ def test_json_without_end_section_is_an_error() -> None:
         ("unable to connect to server: Network is unreachable", "unreachable"),
         ("unable to connect to server: Connection timed out", "timeout"),
         ("test authorization failed", "not_allowed"),
+        ("unable to receive control message: Connection reset by peer", "busy"),  # the server between two tests
+        ("unable to write to stream socket: Connection reset by peer", "error"),  # a test cut short
         ("something new", "error"),
     ],
 )

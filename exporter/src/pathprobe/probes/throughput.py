@@ -24,6 +24,9 @@ INTERVAL_SECONDS = 0.1
 # Substrings of iperf3's "error" field, first match wins.
 _ERROR_REASONS: tuple[tuple[str, Reason], ...] = (
     ("busy", "busy"),
+    # iperf3 3.12's server re-opens its listening socket after each test: a client that connects
+    # in that moment (the next test of a turn, right after the last at a long RTT) is reset.
+    ("unable to receive control message: connection reset", "busy"),
     ("connection refused", "refused"),
     ("no route to host", "unreachable"),
     ("network is unreachable", "unreachable"),
