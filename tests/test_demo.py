@@ -19,6 +19,7 @@ from test_lab import root_leftovers
 
 from helpers import PATHPROBE, wait_for
 from pathprobe import procs, promql
+from pathprobe.monitoring import params
 from pathprobe_lab import topology
 from pathprobe_lab.state import State
 
@@ -118,10 +119,13 @@ def test_demo_fills_prometheus_for_every_path_then_cleans_up(tmp_path: Path) -> 
         # four flows at the inter-region cap.
         assert 0.8 * 500e6 < rows[1] <= 1.05 * 500e6, rows
         assert rows[4] == pytest.approx(500e6, rel=0.05)
-        # A path's expected value is its floor (the instance baseline), and every path reaches it: each
-        # test's best result in the ten minutes (a single test on two busy cores can read 0.78 of it).
+        # A path's expected value is its floor (the instance baseline), and every test of every path reaches
+        # the alerts' warning share of it at its best in the ten minutes. Under the whole demo's load two cores
+        # carry a 74 ms single flow at 0.7-0.9 of its floor (the Python delay line); the 5% prediction is
+        # tests/test_aws_lab.py's, on a quiet lab.
         ratios = query(f"max_over_time(path:pathprobe_throughput_expected_ratio:last[{SILENT_SECONDS}s])")
-        assert len(ratios) == 2 * len(paths) and min(float(r["value"][1]) for r in ratios) > 0.9, ratios
+        warning = params.Params().throughput_ratio_warning
+        assert len(ratios) == 2 * len(paths) and min(float(r["value"][1]) for r in ratios) > warning, ratios
     finally:
         demo.send_signal(signal.SIGINT)
         out, _ = demo.communicate(timeout=60)
