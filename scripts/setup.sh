@@ -6,10 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # docker-compose (Compose v1) only parses docker-compose.yml in the tests; nothing runs containers.
-# debootstrap builds the root filesystems of the Ansible deployment test's lab hosts;
+# debootstrap builds the root filesystems of the Ansible deployment test's lab hosts,
+# systemd-container boots them (systemd-nspawn) and Ansible reaches them over SSH;
 # systemd's systemd-analyze checks the unit the role writes.
 packages=(iperf3 iproute2 nftables iptables iputils-ping procps python3-venv prometheus prometheus-alertmanager
-  docker-compose debootstrap openssl systemd ethtool)
+  docker-compose debootstrap systemd-container openssh-client openssl systemd ethtool)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,13 +1,18 @@
-"""The Ansible role and playbooks: lint, syntax, argument specs, and a real deployment into
-lab hosts that have their own root filesystems (one debootstrap, copied per host)."""
+"""The Ansible role and playbooks: lint, syntax, argument specs, and a real deployment over
+SSH onto lab hosts that boot systemd from their own root filesystems (one debootstrap,
+copied per host, booted with systemd-nspawn inside the host's lab namespace)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,9 +20,9 @@ import pytest
 import yaml
 
 from helpers import topology, wait_for
-from pathprobe import config, promql
+from pathprobe import config, procs, promql
 from pathprobe_lab import demo, net
-from pathprobe_lab.state import in_ns, ns, spawn
+from pathprobe_lab.state import ns, spawn
 from pathprobe_lab.topology import address
 
 ROOT = Path(__file__).parents[1]
@@ -120,6 +125,29 @@ def test_the_role_passes_what_the_user_sets_through(tmp_path: Path) -> None:
     assert set_values == (300, 20 * 10**9, 19470, 15201)
 
 
+def test_preflight_refuses_a_host_without_systemd(tmp_path: Path) -> None:
+    # This machine's PID 1 is not systemd: the role must stop before installing anything.
+    inventory = {"all": {"children": {"pathprobe": {"hosts": {
+        "a": {"pathprobe_region": "r1", "pathprobe_address": "127.0.0.1", "ansible_connection": "local",
+              "ansible_python_interpreter": sys.executable},
+        "b": {"pathprobe_region": "r2", "pathprobe_address": "127.0.0.2"},
+    }}}}}  # fmt: skip
+    play = [{"name": "Preflight", "hosts": "a", "tasks": [
+        {"name": "The role's preflight", "ansible.builtin.include_role": {"name": "pathprobe",
+                                                                          "tasks_from": "preflight"}}]}]  # fmt: skip
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    env = {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
+           "ANSIBLE_NOCOLOR": "1", "HOME": str(tmp_path)}  # fmt: skip
+    proc = run([str(BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml")], env=env)
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert "pathprobe_service_manage is true but this host's service manager is" in proc.stdout, proc.stdout[-3000:]
+    # Opting out is what the message says: the same preflight then passes.
+    proc = run([str(BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml"),
+                "-e", '{"pathprobe_service_manage": false}'], env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:]
+
+
 # --- a real deployment -----------------------------------------------------------------
 TOPOLOGY = topology("""
 hosts:
@@ -133,68 +161,133 @@ paths:
 """)
 
 
+# A cloud image's Debian 12: systemd, dbus and sshd, Python, and the packages the role installs
+# (the lab's hosts have no route to a mirror: the role's apt task finds them installed).
+ROOTFS_PACKAGES = ["python3", "python3-venv", "python3-packaging", "python3-apt", "systemd", "systemd-sysv", "dbus",
+                   "openssh-server", "iperf3", "ethtool", "nftables", "iproute2", "procps"]  # fmt: skip
+APT_LISTS_MAX_AGE = 12 * 3600  # the role's apt cache_valid_time is a day
+
+
 def base_rootfs() -> Path:
-    """Debian 12 with Python, as a cloud image has it; made once and kept between runs."""
+    """Made once and kept between runs; its apt lists refreshed when half a day old."""
     base = ROOTFS / "base"
-    if not (base / "usr" / "bin" / "python3").exists():
+    stamp = base / ".pathprobe-packages"
+    if not stamp.exists() or stamp.read_text() != " ".join(ROOTFS_PACKAGES):
         shutil.rmtree(base, ignore_errors=True)
         base.mkdir(parents=True)
-        cmd = ["debootstrap", "--variant=minbase", "--include=python3,python3-venv", "bookworm", str(base), MIRROR]
+        cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(ROOTFS_PACKAGES)}", "bookworm", str(base),
+               MIRROR]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        stamp.write_text(" ".join(ROOTFS_PACKAGES))
+    lists = base / "var" / "lib" / "apt" / "lists"
+    if time.time() - lists.stat().st_mtime > APT_LISTS_MAX_AGE or not list(lists.glob("*_Packages")):
+        proc = subprocess.run(["chroot", str(base), "apt-get", "update", "-q"], capture_output=True, text=True,
+                              timeout=300, check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return base
+
+
+SSH_OPTIONS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+               "-o", "ConnectTimeout=5"]  # fmt: skip
+
+
+def boot(name: str, root: Path, work: Path) -> subprocess.Popen[bytes]:
+    """The host's root filesystem booted with systemd as PID 1 inside the host's lab namespace
+    (CAP_NET_ADMIN: the unit applies the firewall inside that namespace only)."""
+    cmd = [
+        "systemd-nspawn",
+        "--boot",
+        f"--directory={root}",
+        f"--machine={name}",
+        "--register=no",
+        "--keep-unit",
+        "--console=passive",
+        "--capability=CAP_NET_ADMIN",
+        f"--network-namespace-path=/run/netns/{ns(name)}",
+    ]
+    return spawn(cmd, work / f"{name}.console.log", f"systemd host {name}")
+
+
+def ssh(deployed: dict, host: str, command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    key = deployed["work"] / "id_ed25519"
+    cmd = ["ssh", "-i", str(key), *SSH_OPTIONS, f"root@{deployed['addresses'][host]}", command]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def ssh_ready(address: str) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((address, 22), timeout=1) as conn:
+        return conn.recv(4).startswith(b"SSH-")
+    return False
+
+
+def inventory(work: Path, hosts: dict[str, dict], probes: dict) -> Path:
+    out = work / "hosts.yml"
+    out.write_text(yaml.safe_dump({"all": {"children": {
+        "pathprobe": {"hosts": hosts, "vars": {
+            "ansible_user": "root", "ansible_ssh_private_key_file": str(work / "id_ed25519"),
+            "ansible_ssh_common_args": " ".join(SSH_OPTIONS), "ansible_python_interpreter": "/usr/bin/python3",
+            "pathprobe_service_manage": True,
+            "pathprobe_iperf3_auth": True,
+            "pathprobe_iperf3_keys_dir": str(work / "keys"),
+            "pathprobe_wheel_dir": str(work / "wheels"),
+            "pathprobe_probes": probes,
+            "pathprobe_schedule": {"slot_seconds": 16, "jitter_seconds": 1, "timeout_margin_seconds": 3},
+        }},
+        "monitoring": {"hosts": {"localhost": {"ansible_connection": "local", "ansible_become": False,
+                                               "ansible_python_interpreter": sys.executable}}},
+    }}}))  # fmt: skip
+    return out
+
+
+PROBES = {"throughput": {"streams": [1], "duration_seconds": 2, "omit_seconds": 1}, "rtt": {"interval_seconds": 0.1},
+          "loss": {"rate_pps": 10}}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     work = tmp_path_factory.mktemp("ansible")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(work / "id_ed25519")], check=True)
     base = base_rootfs()
-    roots = {}
-    for h in TOPOLOGY.hosts:
-        root = ROOTFS / h.name
-        subprocess.run(["umount", "-l", str(root / "proc")], capture_output=True, check=False)
-        shutil.rmtree(root, ignore_errors=True)
-        subprocess.run(["cp", "-a", str(base), str(root)], check=True)
-        shutil.copy("/etc/resolv.conf", root / "etc" / "resolv.conf")  # as cloud-init would
-        subprocess.run(["mount", "-t", "proc", "proc", str(root / "proc")], check=True)
-        roots[h.name] = root
     net.up(TOPOLOGY)
-    hosts = {
-        h.name: {"ansible_host": str(roots[h.name]), "pathprobe_address": address(i), "pathprobe_region": h.region,
-                 "pathprobe_zone": h.zone}
-        for i, h in enumerate(TOPOLOGY.hosts, start=1)
-    }  # fmt: skip
-    inventory = {"all": {"children": {
-        "pathprobe": {"hosts": hosts, "vars": {
-            "ansible_connection": "community.general.chroot", "ansible_become": False,
-            "ansible_python_interpreter": "/usr/bin/python3",
-            # No systemd in a chroot: install and configure; the test starts the exporters.
-            "pathprobe_service_manage": False,
-            "pathprobe_iperf3_auth": True,
-            "pathprobe_iperf3_keys_dir": str(work / "keys"),
-            "pathprobe_wheel_dir": str(work / "wheels"),
-            "pathprobe_probes": {"throughput": {"streams": [1], "duration_seconds": 2, "omit_seconds": 1},
-                                 "rtt": {"interval_seconds": 0.1}, "loss": {"rate_pps": 10}},
-            "pathprobe_schedule": {"slot_seconds": 16, "jitter_seconds": 1, "timeout_margin_seconds": 3},
-        }},
-        "monitoring": {"hosts": {"localhost": {"ansible_connection": "local", "ansible_become": False,
-                                               "ansible_python_interpreter": sys.executable}}},
-    }}}  # fmt: skip
-    (work / "hosts.yml").write_text(yaml.safe_dump(inventory))
-    file_sd = work / "file_sd" / "pathprobe.json"
-    # monitoring_install_rules as JSON: a boolean, not the string "false".
-    cmd = [str(BIN / "ansible-playbook"), "-i", str(work / "hosts.yml"), "playbooks/site.yml",
-           "playbooks/monitoring.yml", "-e", f"monitoring_file_sd_path={file_sd}",
-           "-e", '{"monitoring_install_rules": false}']  # fmt: skip
-    env = {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
-           "ANSIBLE_NOCOLOR": "1", "HOME": str(work)}  # fmt: skip
-    first = run(cmd, timeout=1200, env=env)
-    second = run(cmd, timeout=1200, env=env) if first.returncode == 0 else first
-    yield {"work": work, "roots": roots, "first": first, "second": second, "file_sd": file_sd}
-    net.down()
-    for root in roots.values():
-        subprocess.run(["umount", "-l", str(root / "proc")], capture_output=True, check=False)
-        shutil.rmtree(root, ignore_errors=True)
+    roots, machines, addresses = {}, {}, {}
+    try:
+        for i, h in enumerate(TOPOLOGY.hosts, start=1):
+            root = ROOTFS / h.name
+            shutil.rmtree(root, ignore_errors=True)
+            subprocess.run(["cp", "-a", str(base), str(root)], check=True)
+            (root / "root" / ".ssh").mkdir(mode=0o700, exist_ok=True)
+            shutil.copy(work / "id_ed25519.pub", root / "root" / ".ssh" / "authorized_keys")
+            roots[h.name], addresses[h.name] = root, address(i)
+            machines[h.name] = boot(h.name, root, work)
+        for name, addr in addresses.items():
+            wait_for(f"sshd on {name}", lambda addr=addr: ssh_ready(addr), timeout=60)
+        hosts = {
+            h.name: {"ansible_host": addresses[h.name], "pathprobe_address": addresses[h.name],
+                     "pathprobe_region": h.region, "pathprobe_zone": h.zone}
+            for h in TOPOLOGY.hosts
+        }  # fmt: skip
+        file_sd = work / "file_sd" / "pathprobe.json"
+
+        def play(probes: dict) -> subprocess.CompletedProcess[str]:
+            # monitoring_install_rules as JSON: a boolean, not the string "false".
+            cmd = [str(BIN / "ansible-playbook"), "-i", str(inventory(work, hosts, probes)), "playbooks/site.yml",
+                   "playbooks/monitoring.yml", "-e", f"monitoring_file_sd_path={file_sd}",
+                   "-e", '{"monitoring_install_rules": false}']  # fmt: skip
+            env = {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
+                   "ANSIBLE_NOCOLOR": "1", "HOME": str(work)}  # fmt: skip
+            return run(cmd, timeout=1200, env=env)
+
+        first = play(PROBES)
+        second = play(PROBES) if first.returncode == 0 else first
+        yield {"work": work, "roots": roots, "addresses": addresses, "first": first, "second": second,
+               "file_sd": file_sd, "play": play}  # fmt: skip
+    finally:
+        for proc in machines.values():  # SIGTERM: systemd powers the host off (its units stop in order)
+            procs.terminate(proc.pid, grace=30)
+        net.down()
+        for root in roots.values():
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def recap(output: str) -> dict[str, dict[str, int]]:
@@ -218,37 +311,36 @@ def test_deploys_then_changes_nothing_on_a_second_run(deployed: dict) -> None:
         # Only what the inventory set is written; the exporter's defaults apply to the rest.
         assert cfg["probes"]["rtt"] == {"interval_seconds": 0.1} and "responders" not in cfg
         assert cfg["budget"] == {"state_file": "/var/lib/pathprobe/budget.json"}
-        assert (root / "etc" / "systemd" / "system" / "pathprobe.service").exists()
     targets = json.loads(deployed["file_sd"].read_text())
     assert {t["labels"]["host"] for t in targets} == {h.name for h in TOPOLOGY.hosts}
     assert all(t["labels"]["region"] and t["labels"]["zone"] for t in targets)
 
 
-def test_deployed_unit_is_valid_and_hardened(deployed: dict) -> None:
+def test_the_unit_runs_under_its_hardening(deployed: dict) -> None:
     unit = next(iter(deployed["roots"].values())) / "etc" / "systemd" / "system" / "pathprobe.service"
     verify = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60,
                             check=False)  # fmt: skip
     # The commands it names are in the host's root filesystem, not on this machine.
     problems = [line for line in verify.stderr.splitlines() if line.strip() and "is not executable" not in line]
     assert problems == [], verify.stderr
-    # Exposure on systemd's 0-10 scale ("1.3 OK"); --threshold takes tenths.
-    security = subprocess.run(["systemd-analyze", "security", "--offline=true", "--threshold=15", str(unit)],
-                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
-    assert security.returncode == 0, security.stdout[-3000:] + security.stderr
-    # The firewall (tests/test_firewall.py) is applied as root before the sandboxed exporter starts.
     text = unit.read_text()
     assert "ExecStartPre=+" in text and "pathprobe firewall --config" in text and "--remove" in text
+    for host in deployed["addresses"]:
+        # Started by systemd, not by this test; still running under every option of the unit.
+        state = ssh(deployed, host, "systemctl show pathprobe -p ActiveState -p SubState -p NRestarts -p User")
+        shown = dict(line.split("=", 1) for line in state.stdout.split())
+        want = {"User": "pathprobe", "NRestarts": "0", "ActiveState": "active", "SubState": "running"}
+        assert shown == want, state.stdout + ssh(deployed, host, "journalctl -u pathprobe --no-pager | tail -30").stdout
+        # Exposure on systemd's 0-10 scale, of the running unit ("1.3 OK"); --threshold takes tenths.
+        security = ssh(deployed, host, "systemd-analyze security --threshold=15 pathprobe.service")
+        assert security.returncode == 0, security.stdout[-3000:] + security.stderr
+        # The firewall the unit applied as root, in front of the iperf3 port.
+        assert "table inet pathprobe" in ssh(deployed, host, "nft list tables").stdout
 
 
 def test_deployed_exporters_probe_each_other(deployed: dict) -> None:
-    work, roots = deployed["work"], deployed["roots"]
+    work = deployed["work"]
     assert deployed["second"].returncode == 0
-    for name, root in roots.items():
-        # Started from the deployed files, as the unit would: the installed venv, the written config, its user.
-        cmd = in_ns(ns(name), ["chroot", "--userspec=pathprobe:pathprobe", str(root),
-                                       "/opt/pathprobe/venv/bin/pathprobe", "run", "--config",
-                                       "/etc/pathprobe/pathprobe.yaml"])  # fmt: skip
-        spawn(cmd, work / f"{name}.log", f"deployed exporter {name}")
     prom_cfg = {
         "global": {"scrape_interval": "5s"},
         "scrape_configs": [{"job_name": "pathprobe", "file_sd_configs": [{"files": [str(deployed["file_sd"])]}]}],
@@ -269,6 +361,62 @@ def test_deployed_exporters_probe_each_other(deployed: dict) -> None:
     # Throughput through iperf3 with the RSA keys the play generated and distributed.
     wait_for("throughput for every path", lambda: measured("pathprobe_throughput_bytes_per_second") >= paths,
              timeout=180)  # fmt: skip
+
+
+def main_pids(deployed: dict) -> dict[str, str]:
+    return {h: ssh(deployed, h, "systemctl show pathprobe -p MainPID --value").stdout.strip()
+            for h in deployed["addresses"]}  # fmt: skip
+
+
+def test_a_config_change_restarts_the_exporters(deployed: dict) -> None:
+    before = main_pids(deployed)
+    changed = deployed["play"](PROBES | {"rtt": {"interval_seconds": 0.2}})
+    assert changed.returncode == 0, changed.stdout[-4000:] + changed.stderr[-2000:]
+    assert changed.stdout.count("RUNNING HANDLER [pathprobe : Restart pathprobe]") == 1, changed.stdout[-4000:]
+    after = main_pids(deployed)
+    assert all(after[h] not in ("", "0", before[h]) for h in before), (before, after)
+    for host, addr in deployed["addresses"].items():
+        wait_for(f"/metrics of {host} after the restart", lambda addr=addr: metrics_answer(addr), timeout=30)
+        cfg = ssh(deployed, host, "cat /etc/pathprobe/pathprobe.yaml").stdout
+        assert yaml.safe_load(cfg)["probes"]["rtt"] == {"interval_seconds": 0.2}
+
+
+def metrics_answer(address: str) -> bool:
+    with contextlib.suppress(OSError), urllib.request.urlopen(f"http://{address}:9469/metrics", timeout=2) as r:
+        return b"pathprobe_peer_info" in r.read()
+    return False
+
+
+def test_systemctl_stop_stops_within_the_timeout_and_leaves_nothing(deployed: dict) -> None:
+    host = next(iter(deployed["addresses"]))
+    assert ssh(deployed, host, "pgrep -x iperf3").stdout.strip(), "the exporter's iperf3 server should run"
+    started = time.monotonic()
+    stop = ssh(deployed, host, "systemctl stop pathprobe")
+    took = time.monotonic() - started
+    assert stop.returncode == 0, stop.stderr
+    assert took < 10, f"systemctl stop took {took:.1f} s (TimeoutStopSec=10s)"
+    assert ssh(deployed, host, "systemctl show pathprobe -p Result --value").stdout.strip() == "success"
+    assert ssh(deployed, host, "pgrep -x iperf3").returncode == 1, "an iperf3 outlived the exporter"
+    assert "table inet pathprobe" not in ssh(deployed, host, "nft list tables").stdout
+
+
+def test_a_port_another_program_holds_stops_the_first_start(deployed: dict) -> None:
+    # After the stop above the unit is inactive: a program on the /metrics port before the start.
+    host = next(iter(deployed["addresses"]))
+    # SO_REUSEADDR: the stopped exporter's scrapes left TIME_WAIT connections on the port.
+    holder = ("import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+              "s.bind(('', 9469)); s.listen(); time.sleep(600)")  # fmt: skip
+    squat = f'systemd-run --unit=squatter python3 -c "{holder}"'
+    assert ssh(deployed, host, squat).returncode == 0
+    try:
+        wait_for("the squatter on 9469", lambda: ":9469 " in ssh(deployed, host, "ss -Hltn").stdout, timeout=10)
+    except AssertionError as exc:
+        raise AssertionError(ssh(deployed, host, "ss -Hltn; systemctl status squatter --no-pager").stdout) from exc
+    proc = deployed["play"](PROBES | {"rtt": {"interval_seconds": 0.2}})
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert "web.listen: 0.0.0.0:9469/tcp is not free on this host" in proc.stdout, proc.stdout[-3000:]
+    assert "pathprobe_web_listen" in proc.stdout
+    assert ssh(deployed, host, "systemctl is-active pathprobe").stdout.strip() == "inactive"
 
 
 def test_the_monitoring_play_renders_the_rules_with_the_fleets_parameters(tmp_path: Path) -> None:

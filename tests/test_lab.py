@@ -141,6 +141,8 @@ def test_impair_changes_what_is_measured_and_restore_brings_it_back(serving: Non
 def test_status_reports_a_dead_delay_line(lab_up: Path) -> None:
     status = json.loads(lab("status", "--json").stdout)
     line = next(p for p in status["processes"] if p["what"] == "delay-line")
+    # Real-time, so that busy cores do not add their wake-up latency to the paths' delay.
+    assert os.sched_getscheduler(line["pid"]) == os.SCHED_FIFO
     os.kill(line["pid"], 9)
     text = lab("status").stdout
     assert "delay-line" in text and "DEAD" in text

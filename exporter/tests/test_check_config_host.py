@@ -1,9 +1,16 @@
-"""check-config's checks against the host the exporter will run on."""
+"""check-config's checks against the host the exporter will run on (and `--free-ports`)."""
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
 from pathprobe.commands import run
-from pathprobe.config import Config
+from pathprobe.config import Config, Iperf3Settings, Responders, WebSettings
+from pathprobe.responders import held_ports
 
 
 def config(**probes: object) -> Config:
@@ -28,3 +35,33 @@ def test_a_host_that_can_is_fine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(run, "host_max_mtu", lambda: 9001)
     monkeypatch.setattr(run, "local_port_range", lambda: 28232)
     assert run.host_problems(config(mtu={"sizes": [1500, 9001]})) == []
+
+
+def test_free_ports_names_the_field_of_each_port_another_program_holds(tmp_path: Path) -> None:
+    # Loopback, on ports the kernel picks: one held over TCP (web), one over UDP (echo).
+    web, echo = socket.socket(), socket.socket(type=socket.SOCK_DGRAM)
+    with web, echo:
+        web.bind(("127.0.0.1", 0))
+        web.listen()
+        echo.bind(("127.0.0.1", 0))
+        free = socket.socket()
+        free.bind(("127.0.0.1", 0))
+        free_port = free.getsockname()[1]
+        free.close()
+        cfg = config().model_copy(update={
+            "responders": Responders(listen="127.0.0.1", rr_port=free_port, echo_port=echo.getsockname()[1]),
+            "iperf3": Iperf3Settings(port=free_port),
+            "web": WebSettings(listen=f"127.0.0.1:{web.getsockname()[1]}"),
+        })  # fmt: skip
+        in_use = "is not free on this host: Address already in use"
+        assert held_ports(cfg) == [
+            f"responders.echo_port: 127.0.0.1:{echo.getsockname()[1]}/udp {in_use}",
+            f"web.listen: 127.0.0.1:{web.getsockname()[1]}/tcp {in_use}",
+        ]
+        # The command: exit 2, one line per port, the file named.
+        path = tmp_path / "pathprobe.yaml"
+        path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_defaults=True)))
+        proc = subprocess.run([sys.executable, "-m", "pathprobe", "check-config", "--free-ports", str(path)],
+                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert proc.returncode == 2 and proc.stderr.count(f"{path}: ") == 2, proc.stderr
+    assert held_ports(cfg) == []  # released

@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -160,6 +161,41 @@ def test_the_throughput_loop_survives_unexpected_errors(tmp_path: Path) -> None:
     assert e.store.runs["throughput", "b", "error"] + e.store.runs["throughput", "c", "error"] >= 1
 
 
+@pytest.mark.parametrize("step", [-3600.0, -1.5, 3600.0])
+def test_a_stepped_clock_costs_at_most_a_few_seconds_of_turns(tmp_path: Path, step: float) -> None:
+    # NTP steps the wall clock; the schedule follows it. Back an hour: turns go on from the new
+    # time (not after an hour's wait); back 1.5 s: the turn just taken is not taken again.
+    cfg = config(tmp_path, schedule={"slot_seconds": 4, "jitter_seconds": 0, "timeout_margin_seconds": 1},
+                 probes={"throughput": {"streams": [1], "duration_seconds": 0.2, "omit_seconds": 0}})  # fmt: skip
+    offset = [0.0]
+    e = Exporter(cfg, clock=lambda: time.time() + offset[0])
+    slots: list[int] = []
+
+    class RecordingProber:
+        async def run(self, test: ThroughputTest) -> ThroughputResult:
+            slots.append(int(e.turns.clock() // 4))
+            if len(slots) == 1:
+                offset[0] += step  # while the test runs
+            return result()
+
+    e.turns.prober = RecordingProber()  # type: ignore[assignment]
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(e.turns.run(stop))
+        async with asyncio.timeout(30):
+            # 3 hosts: a has a turn in 2 of every 3 slots of 4 s; the clock is read every 5 s.
+            while len(slots) < 2:
+                await asyncio.sleep(0.05)
+        stop.set()
+        task.cancel()
+
+    started = time.monotonic()
+    asyncio.run(scenario())
+    assert time.monotonic() - started < 25
+    assert slots[1] != slots[0]  # never the same turn twice
+
+
 def test_quantiles_cover_a_sliding_window_and_keep_loaded_samples_apart(tmp_path: Path) -> None:
     now = [10_000.0]
     e = Exporter(config(tmp_path), clock=lambda: now[0])
@@ -184,6 +220,32 @@ def test_quantiles_cover_a_sliding_window_and_keep_loaded_samples_apart(tmp_path
     assert value(got, "pathprobe_rtt_seconds_count", peer="b", state="idle") == 100
 
 
+@pytest.mark.parametrize("admit", ["turn", "peers", "anyone"])
+def test_iperf3_admits_a_peer_in_its_turn_and_counts_every_outcome(tmp_path: Path, admit: str) -> None:
+    now = [0.0]
+    cfg = config(tmp_path, iperf3={"admit": admit}, responders={"allow": ["203.0.113.0/24"]})
+    e = Exporter(cfg, clock=lambda: now[0])
+    slot = 1000
+    while e.schedule.partner("a", slot) != "b":
+        slot += 1
+    b_turn = e.schedule.turn("b", slot)
+    a_turn = e.schedule.turn("a", slot)
+    assert b_turn is not None and a_turn is not None
+    now[0] = b_turn.start + 1
+    assert e.iperf3_admission("198.18.2.2") == "ok"  # b, in its turn against a
+    assert e.iperf3_admission("::ffff:198.18.2.2") == "ok"  # the same, as a dual-stack socket shows it
+    assert e.iperf3_admission("198.18.3.2") == ("ok" if admit == "peers" else "out_of_turn")  # c: not its turn
+    assert e.iperf3_admission("192.0.2.7") == "not_allowed"  # a stranger
+    assert e.iperf3_admission("203.0.113.9") == "ok"  # responders.allow: any time
+    now[0] = a_turn.start + 1  # a is the client now: nobody may test it
+    assert e.iperf3_admission("198.18.2.2") == ("ok" if admit == "peers" else "out_of_turn")
+    got = samples(e)
+    assert value(got, "pathprobe_iperf3_admission_info", admit=admit) == 1
+    requests = {dict(ls)["result"]: v for (n, ls), v in got.items()
+                if n == "pathprobe_responder_requests_total" and dict(ls)["responder"] == "iperf3"}  # fmt: skip
+    assert requests == ({} if admit == "anyone" else {"ok": 0, "not_allowed": 0, "out_of_turn": 0})
+
+
 def test_rtt_samples_are_loaded_while_a_test_may_run_and_idle_after(tmp_path: Path) -> None:
     cfg = config(
         tmp_path,
@@ -200,6 +262,37 @@ def test_rtt_samples_are_loaded_while_a_test_may_run_and_idle_after(tmp_path: Pa
     partner = e.schedule.partner("a", slot // 30)
     other = ({"b", "c"} - {partner}).pop()  # sits out this slot: only a's own turns make it loaded
     assert e.load_state(other, slot + 12) == "idle"
+
+
+def test_an_own_test_that_runs_past_the_window_keeps_samples_loaded(tmp_path: Path) -> None:
+    from pathprobe.turns import DRAIN_SECONDS
+
+    cfg = config(tmp_path, schedule={"slot_seconds": 30, "jitter_seconds": 1, "timeout_margin_seconds": 3},
+                 probes={"throughput": {"streams": [1], "duration_seconds": 3, "omit_seconds": 1}})  # fmt: skip
+    now = [0.0]
+    e = Exporter(cfg, clock=lambda: now[0])
+    slot = 30 * 1000
+    while e.schedule.partner("a", slot // 30) is None:
+        slot += 30
+    other = ({"b", "c"} - {e.schedule.partner("a", slot // 30)}).pop()
+    late = slot + 8.0  # a retried test starts 3 s after the 5 s window (1 s jitter + 1 + 3 s)
+    assert e.load_state(other, late + 1) == "idle"  # by the schedule alone
+
+    class SlowProber:
+        async def run(self, test: ThroughputTest) -> ThroughputResult:
+            now[0] = late
+            await asyncio.sleep(0)
+            assert e.load_state(other, late + 1) == "loaded"  # while it runs
+            now[0] = late + 4
+            return result()
+
+    e.turns.prober = SlowProber()  # type: ignore[assignment]
+    peer = next(p for p in cfg.peers if p.name == "b")
+    now[0] = late
+    asyncio.run(e.turns.run_turn(peer, cfg.throughput_for(peer), deadline=slot + 15))
+    assert e.load_state(other, late + 1) == "loaded"  # looking back: it ran then
+    assert e.load_state(other, late + 4 + DRAIN_SECONDS / 2) == "loaded"  # its queue drains
+    assert e.load_state(other, late + 4 + DRAIN_SECONDS + 0.1) == "idle"
 
 
 @pytest.mark.parametrize("center", [0.0001, 0.0005, 0.008, 0.074, 0.150, 0.300])

@@ -3,6 +3,7 @@ is a clear error instead of a restart loop."""
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -190,3 +191,36 @@ def test_a_taken_metrics_port_is_a_clear_error(tmp_path: Path) -> None:
                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert run.returncode == 1, run.stderr
     assert f"cannot serve /metrics on 127.0.0.1:{port}" in run.stderr and "Traceback" not in run.stderr, run.stderr
+
+
+def iperf3_client(port: int, source: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port), "-B", source, "-t", "1", "-J"],
+                          capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+
+
+def test_a_strangers_iperf3_test_is_cut_and_counted_and_a_peers_runs(ports: tuple[int, int]) -> None:
+    # Issue 13's report: `serve --allow 127.0.0.1/32`, a test from 127.0.0.2 ran at 19 Gbit/s.
+    rr, port = ports
+    proc = subprocess.Popen(
+        [*SERVE, "--allow", "127.0.0.1/32", "--rr-port", str(rr), "--echo-port", str(rr), "--iperf3-port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and "answering" in proc.stdout.readline()  # ready
+        deadline = time.monotonic() + 10
+        while procs.alive(proc.pid) and not children(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # iperf3 3.12 exits 0 with -J whatever happened: its JSON says.
+        stranger = json.loads(iperf3_client(port, "127.0.0.2").stdout)
+        assert "error" in stranger and not stranger["intervals"], stranger  # cut before any data interval
+        for _ in range(50):  # the server is back at once (no back-off): a peer's test runs
+            peer = json.loads(iperf3_client(port, "127.0.0.1").stdout)
+            if "error" not in peer:
+                break
+            time.sleep(0.1)
+        assert "error" not in peer and peer["end"]["sum_received"]["bytes"] > 0, peer
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=15)
+    assert "iperf3 not_allowed=1" in out and "iperf3 ok=1" in out, out + err
+    assert "iperf3 test from 127.0.0.2 refused (not_allowed)" in err, err

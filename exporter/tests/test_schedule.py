@@ -65,3 +65,21 @@ def test_next_turn_is_the_first_not_yet_ended() -> None:
 def test_duplicate_members_are_refused() -> None:
     with pytest.raises(ValueError, match="unique"):
         Schedule.of(["a", "a"], 60)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+def test_the_client_of_a_server_is_exactly_whose_turn_it_is(n: int) -> None:
+    s = Schedule.of(hosts(n), 60)
+    for slot in range(2 * len(s.rounds)):
+        for client in s.members:
+            turn = s.turn(client, slot)
+            if turn is None:
+                continue
+            server = turn.peer
+            # Inside the turn: that client only; in the server's own half: nobody tests it.
+            assert s.clients_of(server, turn.start + 1, grace=0.5) == {client}
+            own = s.turn(server, slot)
+            assert own is not None and s.clients_of(server, own.start + 1, grace=0.5) == set()
+            # At the edges, the grace admits the turn's client a little early and late.
+            assert client in s.clients_of(server, turn.start - 0.4, grace=0.5)
+            assert client in s.clients_of(server, turn.end + 0.4, grace=0.5)

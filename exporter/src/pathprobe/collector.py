@@ -5,6 +5,7 @@ documents each metric; the rules and dashboards depend on these names."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
@@ -26,6 +27,7 @@ from .store import RELATIVE_ACCURACY, STATES, UDP_COUNTS, WINDOW_SECONDS, Store
 PEER = ["peer", "peer_region", "path_class"]
 TEST = [*PEER, "protocol", "streams", "direction"]
 PROBES = ("throughput", "rtt", "loss", "mtu")
+IPERF3_ADMISSIONS = ("ok", "not_allowed", "out_of_turn")  # responders/iperf3.py: every outcome from zero
 STATE_DOC = " state=loaded: this host or the peer may be in a throughput test (self-inflicted loss), else idle."
 CACHED = "Results are cached from the last completed test; see the matching _timestamp_seconds."
 
@@ -480,9 +482,22 @@ class Collector:
             "Connections (rr) or datagrams (echo) that reached a responder, by outcome.",
             ["responder", "result"],
         )
+        counted = Counter(dict.fromkeys(IPERF3_ADMISSIONS if self.cfg.iperf3.admit != "anyone" else (), 0))
         for (responder, result), n in dict(s.responder_requests).items():
-            requests.add_metric([responder, result], n)
+            if responder == "iperf3":
+                counted[result] += n
+            else:
+                requests.add_metric([responder, result], n)
+        for result, n in counted.items():
+            requests.add_metric(["iperf3", result], n)
         yield requests
+        admission = InfoMetricFamily(
+            "pathprobe_iperf3_admission",
+            "Whose tests this host's iperf3 server lets run (iperf3.admit): turn (a peer in its turn by "
+            "the schedule), peers, or anyone (no check).",
+        )
+        admission.add_metric([], {"admit": self.cfg.iperf3.admit})
+        yield admission
         yield _one(
             GaugeMetricFamily,
             "pathprobe_iperf3_server_up",

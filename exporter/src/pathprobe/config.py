@@ -193,6 +193,10 @@ class Iperf3Settings(Strict):
     # Limits on what a peer's test may take from this host (iperf3 -s options).
     server_bitrate_limit: BitsPerSecond | None = None
     idle_timeout_seconds: int = Field(default=30, ge=1)
+    # Whose tests the iperf3 server lets run (others are cut as they connect, and counted):
+    # "turn": a peer in its client turn against this host by the schedule (and responders.allow
+    # at any time); "peers": any peer or responders.allow at any time; "anyone": no check.
+    admit: Literal["turn", "peers", "anyone"] = "turn"
 
 
 class Responders(Strict):

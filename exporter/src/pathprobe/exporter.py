@@ -38,6 +38,9 @@ def host_max_mtu() -> int | None:
     return max(mtus, default=None)
 
 
+# How far hosts' clocks may disagree before a peer's test looks out of its turn (the
+# schedule already assumes clocks that agree to well under its jitter; NTP gives ms).
+TURN_GRACE_SECONDS = 1.0
 # SIGTERM must stop the exporter within 5 s whatever a task does.
 STOP_SECONDS = 4.0
 
@@ -52,6 +55,9 @@ class Exporter:
         self.turns = ThroughputTurns(cfg, self.store, self.schedule, self.budget, self.tracker, clock)
         self.collector = Collector(cfg, self.schedule, self.budget, self.store)
         self.store.load_state = self.load_state
+        self.clock = clock
+        self._peer_at = {AllowList.normalize(str(p.address)): p.name for p in cfg.peers}
+        self._extra_allowed = AllowList(cfg.responders.allow)
         # How long a half-slot's tests run, as scheduled (the same for the whole run).
         self.test_seconds = cfg.half_slot_need(with_margin=False)
         for peer in cfg.peers:
@@ -62,14 +68,28 @@ class Exporter:
 
     def load_state(self, peer: str, now: float) -> str:
         """RTT samples taken while this host or the peer may be in a throughput test sit
-        behind that test's queue: they are kept apart as "loaded"."""
+        behind that test's queue: they are kept apart as "loaded". "May be" is the schedule's
+        window for both hosts, and for this host also the time its own tests really ran
+        (a retried test can run past the window)."""
         active = self.test_seconds
         if active and (self.schedule.busy(self.cfg.host.name, now, active) or self.schedule.busy(peer, now, active)):
             return "loaded"
-        return "idle"
+        return "loaded" if self.turns.testing(now) else "idle"
 
     def allow_list(self) -> AllowList:
         return AllowList.of(self.cfg)
+
+    def iperf3_admission(self, address: str) -> str:
+        """Whether a test from `address` may run on this host's iperf3 server now: "ok",
+        "not_allowed" (neither a peer nor in responders.allow) or "out_of_turn" (a peer
+        whose client turn against this host it is not, by the schedule)."""
+        peer = self._peer_at.get(AllowList.normalize(address))
+        if peer is None:
+            return "ok" if self._extra_allowed.allows(address) else "not_allowed"
+        if self.cfg.iperf3.admit == "peers":
+            return "ok"
+        clients = self.schedule.clients_of(self.cfg.host.name, self.clock(), TURN_GRACE_SECONDS)
+        return "ok" if peer in clients or self._extra_allowed.allows(address) else "out_of_turn"
 
     def probers(self) -> list[tuple[str, RttProber | EchoProber | MtuProber]]:
         """(task name, prober) of every continuous probe of every peer."""
@@ -105,7 +125,7 @@ class Exporter:
         s = self.store
         running = await responders.start(
             self.cfg.responders, self.cfg.iperf3, self.allow_list(), s.count_request, s.set_iperf3_up,
-            s.iperf3_restarted,
+            s.iperf3_restarted, self.iperf3_admission,
         )  # fmt: skip
         tasks = [asyncio.create_task(p.run(), name=name) for name, p in self.probers()]
         tasks.append(asyncio.create_task(self.turns.run(stop), name="throughput"))

@@ -98,6 +98,20 @@ class Schedule:
             return False
         return (now % self.slot_seconds) % (self.slot_seconds / 2) < active_seconds
 
+    def clients_of(self, server: str, now: float, grace: float) -> set[str]:
+        """The hosts whose client turn against `server` covers `now`, give or take `grace`
+        seconds (hosts' clocks differ a little): who may run a test against it then."""
+        slot = int(now // self.slot_seconds)
+        found = set()
+        for s in (slot - 1, slot, slot + 1):
+            peer = self.partner(server, s)
+            if peer is None:
+                continue
+            turn = self.turn(peer, s)
+            if turn is not None and turn.start - grace <= now < turn.end + grace:
+                found.add(peer)
+        return found
+
     def next_turn(self, host: str, now: float) -> Turn | None:
         """The first turn of `host` that has not ended at `now`."""
         slot = int(now // self.slot_seconds)

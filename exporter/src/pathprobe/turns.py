@@ -4,9 +4,11 @@ turn, the byte budget, and recording what they measured."""
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from . import ena
 from .budget import Budget
@@ -19,6 +21,11 @@ from .store import Store
 
 log = logging.getLogger(__name__)
 
+# After a test, the shapers' and the peer's queues still hold its last window of data.
+DRAIN_SECONDS = 1.0
+# A wait for a turn reads the wall clock this often: a stepped clock (NTP) is noticed then.
+CLOCK_CHECK_SECONDS = 5.0
+
 
 class ThroughputTurns:
     def __init__(self, cfg: Config, store: Store, schedule: Schedule, budget: Budget, tracker: ExpectedTracker,
@@ -29,20 +36,34 @@ class ThroughputTurns:
         self.prober = ThroughputProber(cfg.iperf3.binary, cfg.schedule.timeout_margin_seconds)
         self._last_bytes: dict[tuple[str, tuple[str, str, str]], int] = {}
         self.interface = ena.interface(cfg.host.interface)
+        # When this host's own tests ran, with DRAIN_SECONDS after each: RTT samples taken
+        # then are "loaded" even where a retried test ran past the schedule's window.
+        self._running_since: float | None = None
+        self._ran: collections.deque[tuple[float, float]] = collections.deque(maxlen=8)
+
+    def testing(self, at: float) -> bool:
+        """Whether this host was in one of its own tests at `at` (or just after one)."""
+        if self._running_since is not None and at >= self._running_since:
+            return True
+        return any(start <= at < end for start, end in self._ran)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Take every turn of this host until `stop`. Never ends on an error: a turn that
         fails unexpectedly is logged and counted (pathprobe_schedule_turn_errors_total)
         and the next turn is taken as usual."""
         host = self.cfg.host.name
+        taken: int | None = None  # the slot of the last turn taken: never take a turn twice
         while not stop.is_set():
             turn = self.schedule.next_turn(host, self.clock())
             if turn is None:
                 return
+            if turn.slot == taken:  # its tests are done (or the clock was stepped back into it)
+                await self._sleep_until(turn.end)
+                continue
             peer = self.peers[turn.peer]
-            delay = turn.start - self.clock() + random.uniform(0, self.cfg.schedule.jitter_seconds)
-            if delay > 0:
-                await asyncio.sleep(delay)
+            if not await self._sleep_until(turn.start + random.uniform(0, self.cfg.schedule.jitter_seconds)):
+                continue
+            taken = turn.slot
             settings = self.cfg.throughput_for(peer)
             if settings.enabled:
                 self.store.schedule_turns += 1
@@ -52,8 +73,21 @@ class ThroughputTurns:
                 except Exception as exc:
                     self.store.turn_errors[type(exc).__name__] += 1
                     log.exception("throughput turn against %s failed; going on with the next turn", peer.name)
-            # Never take the same turn twice.
-            await asyncio.sleep(max(0.0, turn.end - self.clock()))
+
+    async def _sleep_until(self, when: float) -> bool:
+        """Wait until the wall clock reads `when`, reading it at least every
+        CLOCK_CHECK_SECONDS: a clock stepped forward ends the wait at the next read, one
+        stepped back (the time left grew) too, returning False: the caller then takes the
+        schedule from the new time instead of waiting out the step."""
+        left = when - self.clock()
+        while left > 0:
+            await asyncio.sleep(min(left, CLOCK_CHECK_SECONDS))
+            now_left = when - self.clock()
+            if now_left > left:
+                log.warning("the clock stepped back %.3g s: taking the schedule from the new time", now_left - left)
+                return False
+            left = now_left
+        return True
 
     async def run_turn(self, peer: Peer, settings: ThroughputSettings, deadline: float) -> None:
         """Run every configured test against `peer` before `deadline` (Unix time)."""
@@ -71,7 +105,8 @@ class ThroughputTurns:
                     break
                 before = await asyncio.to_thread(ena.read, self.interface)
                 try:
-                    result = await self.prober.run(test)
+                    with self._in_test():
+                        result = await self.prober.run(test)
                 except ProbeFailure as exc:
                     self.store.failure("throughput", peer.name, exc.reason)
                     log.info("throughput %s %s: %s", peer.name, key, exc)
@@ -92,6 +127,15 @@ class ThroughputTurns:
                          result.receiver_bytes_per_second * 8e-6)  # fmt: skip
                 self.budget.spend(result.moved_bytes())
                 break
+
+    @contextlib.contextmanager
+    def _in_test(self) -> Iterator[None]:
+        self._running_since = started = self.clock()
+        try:
+            yield
+        finally:
+            self._running_since = None
+            self._ran.append((started, self.clock() + DRAIN_SECONDS))
 
     def test(self, peer: Peer, s: ThroughputSettings, key: tuple[str, str, str]) -> ThroughputTest:
         protocol, streams, direction = key

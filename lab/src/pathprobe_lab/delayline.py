@@ -55,6 +55,8 @@ NLMSG_ERROR = 2
 NF_ACCEPT = 1
 PR_SET_TIMERSLACK = 29
 SPIN_SECONDS = 0.0003
+# Above every ordinary process, far below the kernel's own threads (which use 50 and 99).
+REALTIME_PRIORITY = 10
 MAX_CATCH_UP = 0.005  # a larger gap is a clock step, not a late wake-up
 
 NLMSGHDR = struct.Struct("=IHHII")
@@ -180,9 +182,16 @@ def _messages(data: bytes) -> list[tuple[int, int, bytes]]:
 
 
 def _tighten_timers() -> None:
-    """Ask for 1 ns timer slack instead of the default 50 us: wake-ups are the delay's error."""
+    """Wake-ups are the delay's error: ask for 1 ns timer slack instead of the default 50 us,
+    and for a real-time priority, so that the lab's exporters, iperf3 and Prometheus on the
+    same cores do not delay a release. Measured with ping over the lab's 0.5 ms path while
+    the demo ran (idle half-slots only): p99/p50 1.52 without it, 1.08-1.10 with it."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY))
+    except OSError as exc:  # not root, or RT time not granted (a container): the delay is less precise
+        print(f"delay line: no real-time priority ({exc}); releases may be late under load", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

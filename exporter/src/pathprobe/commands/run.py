@@ -21,6 +21,9 @@ log = logging.getLogger("pathprobe")
 def add_parser(sub: Any) -> None:
     c = sub.add_parser("check-config", help="validate a config file (exit 2 listing every error)")
     c.add_argument("file")
+    c.add_argument("--free-ports", action="store_true",
+                   help="also check that no other program holds the ports the exporter will listen on "
+                        "(before it is started: a running exporter holds them itself)")  # fmt: skip
     c.set_defaults(func=cmd_check_config)
     r = sub.add_parser("run", help="the exporter: responders, scheduled probes, /metrics")
     r.add_argument("--config", required=True)
@@ -29,7 +32,10 @@ def add_parser(sub: Any) -> None:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     cfg = config.load(args.file, check_files=True)
-    problems = [f"{args.file}: {p}" for p in [*limits.unknown_instance_types(cfg), *host_problems(cfg)]]
+    found = [*limits.unknown_instance_types(cfg), *host_problems(cfg)]
+    if args.free_ports:
+        found += responders.held_ports(cfg)
+    problems = [f"{args.file}: {p}" for p in found]
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return EXIT_BAD_INPUT

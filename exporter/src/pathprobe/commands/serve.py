@@ -37,7 +37,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         echo_port=args.echo_port,
         rr_max_connections_per_source=args.rr_max_connections_per_source,
     )
-    iperf3 = Iperf3Settings(binary=args.iperf3, port=args.iperf3_port)
+    # No schedule here: a test is admitted by its source address alone.
+    iperf3 = Iperf3Settings(binary=args.iperf3, port=args.iperf3_port, admit="peers")
 
     async def serve() -> None:
         stop = asyncio.Event()

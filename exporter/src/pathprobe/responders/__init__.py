@@ -11,15 +11,15 @@ from collections.abc import Callable
 
 from .. import wire
 from ..allow import AllowList
-from ..config import Iperf3Settings, Responders
+from ..config import Config, Iperf3Settings, Responders
 from .base import Count, ResponderError, listen_error
 from .echo import EchoResponder
-from .iperf3 import server_command, supervise
+from .iperf3 import Admit, server_command, supervise
 from .rr import RrResponder, RrServer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Count", "ResponderError", "Running", "start"]
+__all__ = ["Count", "ResponderError", "Running", "held_ports", "start"]
 
 
 class Running:
@@ -39,12 +39,38 @@ class Running:
 def check_port_free(what: str, host: str, port: int) -> None:
     """Fail at once, naming the port, when another process (e.g. an iperf3 left by an
     older pathprobe) listens on it: otherwise the supervisor would restart in a loop."""
-    with socket.socket(wire.socket_family(host), socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as iperf3 binds
+    exc = _bind_error(host, port, socket.SOCK_STREAM)
+    if exc is not None:
+        raise listen_error(what, host, port, exc)
+
+
+def _bind_error(host: str, port: int, kind: socket.SocketKind) -> OSError | None:
+    with socket.socket(wire.socket_family(host), kind) as probe:
+        if kind == socket.SOCK_STREAM:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the listeners bind: TIME_WAIT is no clash
         try:
             probe.bind((host, port))
         except OSError as exc:
-            raise listen_error(what, host, port, exc) from exc
+            return exc
+    return None
+
+
+def held_ports(cfg: Config) -> list[str]:
+    """The exporter's listening ports that this host cannot give it now, by config field
+    (`pathprobe check-config --free-ports`, before a deployment starts the exporter)."""
+    listen = str(cfg.responders.listen)
+    web_host, web_port = cfg.web.address()
+    wanted = [("responders.rr_port", listen, cfg.responders.rr_port, socket.SOCK_STREAM),
+              ("responders.echo_port", listen, cfg.responders.echo_port, socket.SOCK_DGRAM),
+              ("iperf3.port", listen, cfg.iperf3.port, socket.SOCK_STREAM),
+              ("web.listen", web_host or "0.0.0.0", web_port, socket.SOCK_STREAM)]  # fmt: skip
+    problems = []
+    for field, host, port, kind in wanted:
+        exc = _bind_error(host, port, kind)
+        if exc is not None:
+            proto = "tcp" if kind == socket.SOCK_STREAM else "udp"
+            problems.append(f"{field}: {host}:{port}/{proto} is not free on this host: {exc.strerror or exc}")
+    return problems
 
 
 async def start(
@@ -54,9 +80,22 @@ async def start(
     count: Count,
     iperf3_up: Callable[[bool], None] = lambda _: None,
     iperf3_restarted: Callable[[], None] = lambda: None,
+    iperf3_admit: Admit | None = None,
 ) -> Running:
-    """Start every responder; raises ResponderError when one cannot listen."""
+    """Start every responder; raises ResponderError when one cannot listen. iperf3 tests
+    are admitted by `iperf3_admit` (default: the allow-list; None with iperf3.admit "anyone")."""
     listen = str(settings.listen)
+    if iperf3.admit == "anyone":
+        admit = None
+        log.warning("iperf3 server: admits anyone's tests (iperf3.admit: anyone)")
+    else:
+        decide = iperf3_admit or (lambda address: "ok" if allow.allows(address) else "not_allowed")
+
+        def admit(address: str) -> str:
+            result = decide(address)
+            count("iperf3", result, 1)
+            return result
+
     check_port_free("iperf3 server", listen, iperf3.port)
     rr = RrResponder(allow, settings.rr_max_connections_per_source, lambda result: count("rr", result, 1))
     echo = EchoResponder(allow, settings.echo_max_pps_per_source, lambda result, n=1: count("echo", result, n))
@@ -67,10 +106,10 @@ async def start(
         rr_server.close()
         raise
     server = asyncio.create_task(
-        supervise(server_command(iperf3, listen), iperf3_up, iperf3_restarted), name="iperf3-server"
+        supervise(server_command(iperf3, listen), iperf3_up, iperf3_restarted, admit), name="iperf3-server"
     )
     log.info(
-        "responders on %s: iperf3 :%d, tcp rr :%d, udp echo :%d; answering %s",
-        listen, iperf3.port, settings.rr_port, settings.echo_port, allow,
+        "responders on %s: iperf3 :%d (admits: %s), tcp rr :%d, udp echo :%d; answering %s",
+        listen, iperf3.port, iperf3.admit, settings.rr_port, settings.echo_port, allow,
     )  # fmt: skip
     return Running(rr_server, echo, server)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 
@@ -12,6 +13,10 @@ from .. import procs
 from ..config import Iperf3Settings
 
 log = logging.getLogger(__name__)
+
+# A test's client address -> "ok", or the reason it may not test this host ("not_allowed",
+# "out_of_turn"); counted as pathprobe_responder_requests_total{responder="iperf3"}.
+Admit = Callable[[str], str]
 
 # Restart back-off: doubles from the first to the last while the server keeps exiting;
 # a server that ran this long counts as healthy again.
@@ -22,6 +27,11 @@ WATCH_SECONDS, STOPPED_RESTART_SECONDS = 2.0, 30.0
 
 def server_command(settings: Iperf3Settings, listen: str) -> list[str]:
     cmd = [settings.binary, "-s", "-p", str(settings.port), "--idle-timeout", str(settings.idle_timeout_seconds)]
+    if settings.admit != "anyone":
+        # iperf3 flushes its output once per interval report (1 s): line-buffered (coreutils'
+        # stdbuf), "Accepted connection from ..." reaches the admission ~3 ms after the client
+        # connects, before the test's data stream exists.
+        cmd = ["stdbuf", "-oL", *cmd]
     if listen not in ("0.0.0.0", "::"):
         cmd += ["-B", listen]
     if settings.server_bitrate_limit:
@@ -69,31 +79,66 @@ async def _tail(stream: asyncio.StreamReader, keep: int = 4096) -> bytes:
     return tail
 
 
-async def supervise(command: list[str], up: Callable[[bool], None], restarted: Callable[[], None]) -> None:
+# iperf3 -s prints this once a client's control connection has sent its cookie, before the
+# test's parameters are exchanged and before any data stream exists.
+ACCEPTED = re.compile(rb"^Accepted connection from (\S+), port \d+")
+
+
+async def _admit(stdout: asyncio.StreamReader | None, admit: Admit | None, pid: int) -> str | None:
+    """Read the server's output to its end; on a test that `admit` refuses, kill the server
+    (the test dies with it, within milliseconds of its start) and return the refusal."""
+    if stdout is None or admit is None:
+        return None
+    while True:
+        try:
+            line = await stdout.readline()
+        except ValueError:  # a line beyond the reader's limit: not one of iperf3's
+            continue
+        if not line:
+            return None
+        accepted = ACCEPTED.match(line)
+        if accepted is None:
+            continue
+        address = accepted.group(1).decode(errors="replace")
+        result = admit(address)
+        if result != "ok":
+            log.warning("iperf3 test from %s refused (%s): the server is cut and restarted", address, result)
+            procs.kill_group(pid)
+            await _tail(stdout)
+            return result
+
+
+async def supervise(command: list[str], up: Callable[[bool], None], restarted: Callable[[], None],
+                    admit: Admit | None = None) -> None:  # fmt: skip
     """Keep an iperf3 server running until cancelled; then stop its process group.
-    The server dies with this process (PR_SET_PDEATHSIG), even on SIGKILL."""
+    The server dies with this process (PR_SET_PDEATHSIG), even on SIGKILL. With `admit`,
+    every test's client address is checked as it connects (a refused one is cut at once)."""
     backoff = BACKOFF_FIRST
+    output = asyncio.subprocess.DEVNULL if admit is None else asyncio.subprocess.PIPE
     while True:
         started = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
-                *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                *command, stdin=asyncio.subprocess.DEVNULL, stdout=output,
                 stderr=asyncio.subprocess.PIPE, start_new_session=True, preexec_fn=procs.die_with(os.getpid()),
             )  # fmt: skip
         except OSError as exc:
-            log.error("cannot start iperf3 server %s: %s", command[0], exc)
+            log.error("cannot start iperf3 server (%s): %s", " ".join(command[:3]), exc)
             up(False)
             await asyncio.sleep(max(backoff, 10.0))
             continue
         up(True)
         try:
             assert proc.stderr is not None
-            err, rc = await asyncio.gather(_tail(proc.stderr), watch(proc, up))
+            err, rc, refused = await asyncio.gather(_tail(proc.stderr), watch(proc, up),
+                                                    _admit(proc.stdout, admit, proc.pid))  # fmt: skip
         except asyncio.CancelledError:
             await procs.stop_group(proc)
             up(False)
             raise
         up(False)
+        if refused is not None:
+            continue  # cut on purpose: back at once, no back-off, not a failure
         restarted()
         if time.monotonic() - started > HEALTHY_AFTER:
             backoff = BACKOFF_FIRST
