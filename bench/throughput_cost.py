@@ -8,7 +8,9 @@ buffers, so the shaper binds, not a window.
 
 Run as root: .venv/bin/python bench/throughput_cost.py [--record DIR]   (about 6 minutes;
 builds its own two-host lab in 198.18.0.0/15 and removes it). --record keeps each 10 s
-test's interval lines (iperf3 -i 0.1 -f k) as a trace for exporter/tests/test_steady.py.
+test's interval lines (iperf3 -i 0.1 -f k) as a trace (exporter/tests/fixtures/traces
+holds one set). --replay DIR runs no test: the detector's decision on each recorded trace
+against that trace's own last 5 s (seconds, no lab; to try a detector change).
 Target (issue 14): within 2% of the steady state using at most 25% of a 10 s test's bytes,
 on every row up to 150 ms; rows that miss are marked.
 """
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from pathprobe.probes.steady import parse_interval
+from pathprobe.probes.steady import Detector, mean_rate, parse_interval
 from pathprobe_lab import net, shaping
 from pathprobe_lab.state import State, in_ns, ns
 from pathprobe_lab.topology import PathSpec, Topology, address
@@ -75,10 +77,33 @@ def row(rate: float, rtt: float, streams: int, record: Path | None) -> list[str]
             f"{off:+.1%}", f"{got['duration_seconds']:.2f}", f"{share:.0%}", ", ".join(missed) or "met"]  # fmt: skip
 
 
+def replayed(trace: Path) -> list[str]:
+    """A recorded 10 s trace's row: where the detector would have stopped it."""
+    first, *lines = trace.read_text().splitlines()
+    _, streams, _, rtt = first.split()
+    intervals = [i for line in lines if (i := parse_interval(line, int(streams)))]
+    end = intervals[-1].end
+    steady = mean_rate(intervals, end - 5, end) or 0.0
+    stop = Detector().replay(intervals, float(rtt))
+    if stop is None:
+        return [f"{float(rtt) * 1e3:g}", trace.stem, streams, f"{steady / 1e6:.1f}", *["-"] * 4, "never settled"]
+    seconds, rate = stop
+    off = rate / steady - 1
+    share = (mean_rate(intervals, 0, seconds) or 0.0) * seconds / (steady * 10)
+    checks = ((abs(off) > 0.02, "off by more than 2%"), (share > 0.25, "more than 25% of the bytes"))
+    missed = [why for bad, why in checks if bad]
+    return [f"{float(rtt) * 1e3:g}", trace.stem, streams, f"{steady / 1e6:.1f}", f"{rate / 1e6:.1f}", f"{off:+.1%}",
+            f"{seconds:.2f}", f"{share:.0%}", ", ".join(missed) or "met"]  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--record", type=Path, help="keep the 10 s tests' interval lines here")
+    parser.add_argument("--replay", type=Path, help="replay the detector on the traces recorded here (no lab)")
     args = parser.parse_args()
+    if args.replay:
+        print_table([replayed(t) for t in sorted(args.replay.glob("*.txt"))], "trace")
+        return 0
     if args.record:
         args.record.mkdir(parents=True, exist_ok=True)
     net.up(TOPOLOGY)
@@ -101,12 +126,16 @@ def main() -> int:
         serve.terminate()
         serve.wait(timeout=10)
         net.down()
-    head = ["RTT ms", "Mbit/s", "P", "10 s steady", "stopped at", "off", "took s", "bytes", "target"]
+    print_table(rows, "Mbit/s")
+    return 0
+
+
+def print_table(rows: list[list[str]], second: str) -> None:
+    head = ["RTT ms", second, "P", "10 s steady", "stopped at", "off", "took s", "bytes", "target"]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     for r in [head, *rows]:
         print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
     print(f"{sum(r[-1] == 'met' for r in rows)} of {len(rows)} rows met the target")
-    return 0
 
 
 if __name__ == "__main__":

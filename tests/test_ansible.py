@@ -4,14 +4,18 @@ copied per host, booted with systemd-nspawn inside the host's lab namespace)."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import re
+import secrets
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,6 +71,9 @@ def render_role_config(tmp_path: Path, extra: dict) -> tuple[subprocess.Complete
     """The role's config template for host a of a two-host mesh, with the role's defaults and
     `extra` as extra vars, checked by `pathprobe check-config` as the role does."""
     defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    # iperf3 authentication (on by default) names key files this machine lacks, which
+    # check-config refuses: the deployment below covers it.
+    extra = {"pathprobe_iperf3_auth": False, **extra}
     out = tmp_path / "pathprobe.yaml"
     inventory = {"all": {"vars": defaults, "children": {"pathprobe": {"hosts": {
         "a": {"pathprobe_region": "r1", "pathprobe_address": "127.0.0.1", "ansible_connection": "local",
@@ -221,9 +228,21 @@ def ssh_ready(address: str) -> bool:
     return False
 
 
-def inventory(work: Path, hosts: dict[str, dict], probes: dict) -> Path:
+def web_credentials(work: Path, addresses: list[str]) -> dict[str, str]:
+    """/metrics over TLS with basic auth: a certificate for the hosts' addresses and a password,
+    as a fleet keeps them in Vault (both plays read them)."""
+    cert, key = work / "web-cert.pem", work / "web-key.pem"
+    sans = ",".join(f"IP:{a}" for a in addresses)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=pathprobe",
+                    "-addext", f"subjectAltName={sans}", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)  # fmt: skip
+    return {"pathprobe_web_tls_cert": cert.read_text(), "pathprobe_web_tls_key": key.read_text(),
+            "pathprobe_web_basic_auth_password": secrets.token_urlsafe(16)}  # fmt: skip
+
+
+def inventory(work: Path, hosts: dict[str, dict], probes: dict, web: dict[str, str]) -> Path:
     out = work / "hosts.yml"
-    out.write_text(yaml.safe_dump({"all": {"children": {
+    out.write_text(yaml.safe_dump({"all": {"vars": web, "children": {
         "pathprobe": {"hosts": hosts, "vars": {
             "ansible_user": "root", "ansible_ssh_private_key_file": str(work / "id_ed25519"),
             "ansible_ssh_common_args": " ".join(SSH_OPTIONS), "ansible_python_interpreter": "/usr/bin/python3",
@@ -268,12 +287,15 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
             for h in TOPOLOGY.hosts
         }  # fmt: skip
         file_sd = work / "file_sd" / "pathprobe.json"
+        web = web_credentials(work, list(addresses.values()))
 
         def play(probes: dict) -> subprocess.CompletedProcess[str]:
             # monitoring_install_rules as JSON: a boolean, not the string "false".
-            cmd = [str(BIN / "ansible-playbook"), "-i", str(inventory(work, hosts, probes)), "playbooks/site.yml",
+            cmd = [str(BIN / "ansible-playbook"), "-i", str(inventory(work, hosts, probes, web)), "playbooks/site.yml",
                    "playbooks/monitoring.yml", "-e", f"monitoring_file_sd_path={file_sd}",
-                   "-e", '{"monitoring_install_rules": false}']  # fmt: skip
+                   "-e", '{"monitoring_install_rules": false}',
+                   "-e", f"monitoring_scrape_password_file={work / 'prometheus-password'}",
+                   "-e", f"monitoring_scrape_ca_file={work / 'prometheus-ca.pem'}"]  # fmt: skip
             env = {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
                    "ANSIBLE_NOCOLOR": "1", "HOME": str(work)}  # fmt: skip
             return run(cmd, timeout=1200, env=env)
@@ -281,7 +303,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         first = play(PROBES)
         second = play(PROBES) if first.returncode == 0 else first
         yield {"work": work, "roots": roots, "addresses": addresses, "first": first, "second": second,
-               "file_sd": file_sd, "play": play}  # fmt: skip
+               "file_sd": file_sd, "play": play, "password": web["pathprobe_web_basic_auth_password"]}  # fmt: skip
     finally:
         for proc in machines.values():  # SIGTERM: systemd powers the host off (its units stop in order)
             procs.terminate(proc.pid, grace=30)
@@ -311,6 +333,8 @@ def test_deploys_then_changes_nothing_on_a_second_run(deployed: dict) -> None:
         # Only what the inventory set is written; the exporter's defaults apply to the rest.
         assert cfg["probes"]["rtt"] == {"interval_seconds": 0.1} and "responders" not in cfg
         assert cfg["budget"] == {"state_file": "/var/lib/pathprobe/budget.json"}
+        assert cfg["web"]["basic_auth"]["username"] == "prometheus" and "tls" in cfg["web"]
+        assert (root / "etc" / "pathprobe" / "web-password").stat().st_mode & 0o777 == 0o640
     targets = json.loads(deployed["file_sd"].read_text())
     assert {t["labels"]["host"] for t in targets} == {h.name for h in TOPOLOGY.hosts}
     assert all(t["labels"]["region"] and t["labels"]["zone"] for t in targets)
@@ -341,10 +365,15 @@ def test_the_unit_runs_under_its_hardening(deployed: dict) -> None:
 def test_deployed_exporters_probe_each_other(deployed: dict) -> None:
     work = deployed["work"]
     assert deployed["second"].returncode == 0
+    # As the monitoring play's header says: https, its CA file and password file.
     prom_cfg = {
         "global": {"scrape_interval": "5s"},
-        "scrape_configs": [{"job_name": "pathprobe", "file_sd_configs": [{"files": [str(deployed["file_sd"])]}]}],
-    }
+        "scrape_configs": [{
+            "job_name": "pathprobe", "file_sd_configs": [{"files": [str(deployed["file_sd"])]}],
+            "scheme": "https", "tls_config": {"ca_file": str(work / "prometheus-ca.pem")},
+            "basic_auth": {"username": "prometheus", "password_file": str(work / "prometheus-password")},
+        }],
+    }  # fmt: skip
     (work / "prometheus.yml").write_text(yaml.safe_dump(prom_cfg))
     spawn([demo.binary("prometheus"), f"--config.file={work / 'prometheus.yml'}",
                f"--storage.tsdb.path={work / 'prom-data'}", f"--web.listen-address=127.0.0.1:{PROM_PORT}"],
@@ -358,6 +387,12 @@ def test_deployed_exporters_probe_each_other(deployed: dict) -> None:
         return {(s["metric"]["host"], s["metric"]["peer"]) for s in promql.query(url, metric)}
 
     wait_for("RTT for every path", lambda: measured("pathprobe_rtt_seconds_count") >= paths, timeout=90)
+    # Without the password, /metrics says 401.
+    tls = ssl.create_default_context(cafile=str(work / "web-cert.pem"))
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(metrics_request(next(iter(deployed["addresses"].values())), None), timeout=5,
+                               context=tls)  # fmt: skip
+    assert refused.value.code == 401
     # Throughput through iperf3 with the RSA keys the play generated and distributed.
     wait_for("throughput for every path", lambda: measured("pathprobe_throughput_bytes_per_second") >= paths,
              timeout=180)  # fmt: skip
@@ -376,13 +411,25 @@ def test_a_config_change_restarts_the_exporters(deployed: dict) -> None:
     after = main_pids(deployed)
     assert all(after[h] not in ("", "0", before[h]) for h in before), (before, after)
     for host, addr in deployed["addresses"].items():
-        wait_for(f"/metrics of {host} after the restart", lambda addr=addr: metrics_answer(addr), timeout=30)
+        wait_for(f"/metrics of {host} after the restart", lambda addr=addr: metrics_answer(deployed, addr),
+                 timeout=30)  # fmt: skip
         cfg = ssh(deployed, host, "cat /etc/pathprobe/pathprobe.yaml").stdout
         assert yaml.safe_load(cfg)["probes"]["rtt"] == {"interval_seconds": 0.2}
 
 
-def metrics_answer(address: str) -> bool:
-    with contextlib.suppress(OSError), urllib.request.urlopen(f"http://{address}:9469/metrics", timeout=2) as r:
+def metrics_request(address: str, password: str | None) -> urllib.request.Request:
+    req = urllib.request.Request(f"https://{address}:9469/metrics")
+    if password is not None:
+        req.add_header("Authorization", "Basic " + base64.b64encode(f"prometheus:{password}".encode()).decode())
+    return req
+
+
+def metrics_answer(deployed: dict, address: str) -> bool:
+    tls = ssl.create_default_context(cafile=str(deployed["work"] / "web-cert.pem"))
+    with (
+        contextlib.suppress(OSError),
+        urllib.request.urlopen(metrics_request(address, deployed["password"]), timeout=2, context=tls) as r,
+    ):
         return b"pathprobe_peer_info" in r.read()
     return False
 

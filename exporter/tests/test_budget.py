@@ -27,6 +27,20 @@ def test_spend_persists_across_restarts(tmp_path: Path) -> None:
     assert again.allows(400)
 
 
+def test_a_state_file_deleted_while_running_is_written_again_whole(tmp_path: Path) -> None:
+    # The count lives in memory; the file is its copy: deleted (or its directory), the next
+    # spend writes today's whole count again, and a restart after that knows it.
+    state = tmp_path / "state" / "budget.json"
+    b = Budget(1000, state, clock=lambda: NOON)
+    b.spend(300)
+    state.unlink()
+    state.parent.rmdir()
+    assert b.remaining() == 700  # nothing lost while the file is gone
+    assert b.spend(100)
+    assert json.loads(state.read_text()) == {"period": b.period, "used_bytes": 400}
+    assert Budget(1000, state, clock=lambda: NOON + 60).remaining() == 600
+
+
 def test_exhausted_budget_blocks_until_next_period(tmp_path: Path) -> None:
     now = [NOON]
     b = Budget(1000, tmp_path / "b.json", clock=lambda: now[0])

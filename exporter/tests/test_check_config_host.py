@@ -37,6 +37,16 @@ def test_a_host_that_can_is_fine(monkeypatch: pytest.MonkeyPatch) -> None:
     assert run.host_problems(config(mtu={"sizes": [1500, 9001]})) == []
 
 
+def test_an_iperf3_binary_the_host_lacks_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(run, "host_max_mtu", lambda: 9001)
+    monkeypatch.setattr(run, "local_port_range", lambda: 28232)
+    cfg = config().model_copy(update={"iperf3": Iperf3Settings(binary="/nonexistent/iperf3")})
+    assert run.host_problems(cfg) == [
+        "iperf3.binary: '/nonexistent/iperf3' is not an executable on this host's PATH (peers' tests against "
+        "this host and its own would fail)"
+    ]
+
+
 def test_free_ports_names_the_field_of_each_port_another_program_holds(tmp_path: Path) -> None:
     # Loopback, on ports the kernel picks: one held over TCP (web), one over UDP (echo).
     web, echo = socket.socket(), socket.socket(type=socket.SOCK_DGRAM)

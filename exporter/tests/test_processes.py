@@ -224,3 +224,24 @@ def test_a_strangers_iperf3_test_is_cut_and_counted_and_a_peers_runs(ports: tupl
         out, err = proc.communicate(timeout=15)
     assert "iperf3 not_allowed=1" in out and "iperf3 ok=1" in out, out + err
     assert "iperf3 test from 127.0.0.2 refused (not_allowed)" in err, err
+
+
+def test_a_missing_iperf3_binary_leaves_the_other_responders_answering(ports: tuple[int, int]) -> None:
+    rr, port = ports
+    proc = subprocess.Popen(
+        [*SERVE, "--iperf3", "/nonexistent/iperf3", "--rr-port", str(rr), "--echo-port", str(rr),
+         "--iperf3-port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and "answering" in proc.stdout.readline()  # ready
+        probe = [sys.executable, "-m", "pathprobe", "probe", "rtt", "127.0.0.1", "--port", str(rr), "-c", "3"]
+        rtt = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
+        assert rtt.returncode == 0, rtt.stderr
+        assert proc.poll() is None  # still serving
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=15)
+    # Said, with the binary named, and retried with a back-off (no restart loop at full speed).
+    assert "/nonexistent/iperf3" in err and "restarting in" in err, err
+    assert "Traceback" not in err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,9 @@ def host_problems(cfg: config.Config) -> list[str]:
         if ports is not None and flows * (len(cfg.peers) + 1) > ports:
             problems.append(f"probes.{probe}.flows: {flows} flows to each of {len(cfg.peers)} peers need more "
                             f"source ports than this host's ip_local_port_range has ({ports})")  # fmt: skip
+    if shutil.which(cfg.iperf3.binary) is None:
+        problems.append(f"iperf3.binary: {cfg.iperf3.binary!r} is not an executable on this host's PATH "
+                        "(peers' tests against this host and its own would fail)")  # fmt: skip
     mtu = host_max_mtu()
     for i, size in enumerate(cfg.probes.mtu.sizes or []):
         if mtu is not None and size > mtu:

@@ -81,17 +81,27 @@ class Detector:
         end = intervals[-1].end
         if end < max(self.min_seconds, 2 * w) and not final:
             return None
-        recent = _mean(intervals, end - w, end)
-        earlier = _mean(intervals, end - 2 * w, end - w)
+        recent = mean_rate(intervals, end - w, end)
+        earlier = mean_rate(intervals, end - 2 * w, end - w)
         if recent is None or earlier is None:
             return recent if final else None
         if final or abs(recent - earlier) <= self.tolerance * max(recent, earlier):
             return (recent + earlier) / 2
         return None
 
+    def replay(self, intervals: list[Interval], rtt_seconds: float | None) -> tuple[float, float] | None:
+        """(seconds, rate) at which a test with these intervals would have been stopped, or
+        None if it never converges: the prober's decision, replayed on a recorded trace."""
+        for n in range(1, len(intervals) + 1):
+            rate = self.rate(intervals[:n], rtt_seconds)
+            if rate is not None:
+                return intervals[n - 1].end, rate
+        return None
 
-def _mean(intervals: list[Interval], start: float, end: float) -> float | None:
-    """Time-weighted mean rate of the intervals (or their parts) between start and end."""
+
+def mean_rate(intervals: list[Interval], start: float, end: float) -> float | None:
+    """Time-weighted mean rate of the intervals (or their parts) between start and end;
+    None when they cover less than half of it."""
     bits = seconds = 0.0
     for i in intervals:
         overlap = min(i.end, end) - max(i.start, start)
