@@ -246,8 +246,13 @@ def test_credentials_over_tls_none_wrong_and_oversized(secured: WebSettings) -> 
         assert scrape(port, auth=None)[0] == 401
         assert scrape(port, auth="prom:wrong")[0] == 401
         assert scrape(port, auth="prom:" + "x" * 5000)[0] == 431
+        # Over http.server's 64 KiB line limit: refused before the app (the server closes while the
+        # client still sends, so the client may see the close rather than the 431), counted all the same.
+        with contextlib.suppress(OSError):
+            scrape(port, auth="prom:" + "x" * 2**20)
+        assert refusals(server, "header_too_large", at_least=2) == 2
         status, body = scrape(port)
         assert status == 200
         assert b'pathprobe_web_refused_total{reason="unauthorized"} 2' in body
-        assert b'pathprobe_web_refused_total{reason="header_too_large"} 1' in body
+        assert b'pathprobe_web_refused_total{reason="header_too_large"} 2' in body
         assert refusals(server, "unauthorized", at_least=2) == 2

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 StartResponse = Callable[..., Any]
 
 
-REFUSED_REASONS = ("busy", "deadline", "timeout", "tls_handshake", "unauthorized", "header_too_large")
+REFUSED_REASONS = ("busy", "deadline", "timeout", "tls_handshake", "unauthorized", "header_too_large", "bad_request")
 
 
 class Stats:
@@ -283,6 +283,12 @@ class _QuietHandler(WSGIRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         log.debug(format, *args)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server refuses a request it cannot parse before the app sees it: a request or
+        header line over 64 KiB (414, 431), too many headers, a malformed request line (400)."""
+        self.server.stats.refuse("header_too_large" if code in (414, 431) else "bad_request")
+        super().send_error(code, message, explain)
 
     def get_stderr(self) -> ErrorStream:
         """Where wsgiref writes the traceback of a failed response (e.g. a write timeout): the debug log."""
