@@ -55,7 +55,8 @@ NLMSG_ERROR = 2
 NF_ACCEPT = 1
 PR_SET_TIMERSLACK = 29
 SPIN_SECONDS = 0.0003
-# Above every ordinary process, far below the kernel's own threads (which use 50 and 99).
+# SCHED_FIFO 10: above every ordinary process (the exporters, iperf3, ksoftirqd), below the
+# kernel's real-time threads; its RT throttling (sched_rt_runtime_us) keeps 5% of a core for the rest.
 REALTIME_PRIORITY = 10
 MAX_CATCH_UP = 0.005  # a larger gap is a clock step, not a late wake-up
 
