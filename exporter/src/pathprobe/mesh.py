@@ -1,0 +1,120 @@
+"""Which members a host probes: the whole mesh, or a hierarchical sample of it (issue 16).
+
+`full_mesh`: every other member. `hierarchical`: every other member of the same scope
+(region or zone), and between two regions `representatives` links, chosen by rendezvous
+(highest random weight) hashing so that every host derives the same links from the same
+member list, and adding or removing one host moves only the links it ranks in. Every
+region pair is linked. Not wired into the exporter yet: `bench/fleet.py` sizes fleets with
+it; the config still lists peers (the Ansible role writes every other host).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class Member:
+    name: str
+    region: str
+    zone: str = ""
+
+
+@dataclass(frozen=True)
+class Policy:
+    kind: Literal["full_mesh", "hierarchical"] = "full_mesh"
+    scope: Literal["region", "zone"] = "region"  # hierarchical: full mesh inside one of these
+    representatives: int = 2  # hierarchical: links per region pair
+
+
+class MeshError(ValueError):
+    """A member list or policy that cannot give every host its peers; the message names them."""
+
+
+def check(members: list[Member], policy: Policy) -> None:
+    names = [m.name for m in members]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise MeshError(f"members: names used twice: {', '.join(twice)}")
+    if policy.kind == "hierarchical":
+        if policy.representatives < 1:
+            raise MeshError("mesh.representatives: must be at least 1, or a region pair is never measured")
+        by_region = _by_region(members)
+        small = sorted(r for r, hosts in by_region.items() if len(hosts) < policy.representatives)
+        if small and len(by_region) > 1:
+            raise MeshError(f"mesh.representatives: {policy.representatives} is more than the hosts of region(s) "
+                            f"{', '.join(small)}")  # fmt: skip
+
+
+def links(members: list[Member], policy: Policy) -> set[tuple[str, str]]:
+    """Every probed pair (a, b) with a < b, the same for every host."""
+    check(members, policy)
+    if policy.kind == "full_mesh":
+        return {_pair(a.name, b.name) for a, b in combinations(members, 2)}
+    found = set()
+    scope = (lambda m: (m.region, m.zone)) if policy.scope == "zone" else (lambda m: (m.region,))
+    groups: dict[tuple[str, ...], list[Member]] = defaultdict(list)
+    for m in members:
+        groups[scope(m)].append(m)
+    for group in groups.values():
+        found |= {_pair(a.name, b.name) for a, b in combinations(group, 2)}
+    by_region = _by_region(members)
+    if policy.scope == "zone":  # zones of one region: linked like regions, by representatives
+        for region, hosts in by_region.items():
+            zones: dict[str, list[Member]] = defaultdict(list)
+            for h in hosts:
+                zones[h.zone].append(h)
+            for za, zb in combinations(sorted(zones), 2):
+                found |= _representatives(f"{region}/{za}", zones[za], f"{region}/{zb}", zones[zb], policy)
+    for ra, rb in combinations(sorted(by_region), 2):
+        found |= _representatives(ra, by_region[ra], rb, by_region[rb], policy)
+    return found
+
+
+def peers(members: list[Member], host: str, policy: Policy) -> list[str]:
+    """The members `host` probes, sorted."""
+    return sorted(b if a == host else a for a, b in links(members, policy) if host in (a, b))
+
+
+def _representatives(ka: str, a: list[Member], kb: str, b: list[Member], policy: Policy) -> set[tuple[str, str]]:
+    """`representatives` links between two groups: each group's top hosts by rendezvous weight
+    for this pair of groups, paired in rank order."""
+    key = f"{ka}|{kb}"
+    k = min(policy.representatives, len(a), len(b))
+    top_a, top_b = _ranked(key, a)[:k], _ranked(key, b)[:k]
+    return {_pair(x, y) for x, y in zip(top_a, top_b, strict=True)}
+
+
+def _ranked(key: str, hosts: list[Member]) -> list[str]:
+    weight = lambda name: hashlib.sha256(f"{key}|{name}".encode()).digest()  # noqa: E731
+    return sorted((h.name for h in hosts), key=weight, reverse=True)
+
+
+def _by_region(members: list[Member]) -> dict[str, list[Member]]:
+    out: dict[str, list[Member]] = defaultdict(list)
+    for m in members:
+        out[m.region].append(m)
+    return out
+
+
+def _pair(a: str, b: str) -> tuple[str, str]:
+    return (a, b) if a < b else (b, a)
+
+
+def rounds(pairs: set[tuple[str, str]]) -> int:
+    """Slots one throughput rotation over these pairs needs when no host is in two tests at
+    once: a greedy edge colouring in a fixed order (at most twice the largest degree)."""
+    used: dict[str, set[int]] = defaultdict(set)
+    most = 0
+    for a, b in sorted(pairs):
+        colour = 0
+        while colour in used[a] or colour in used[b]:
+            colour += 1
+        used[a].add(colour)
+        used[b].add(colour)
+        most = max(most, colour + 1)
+    return most

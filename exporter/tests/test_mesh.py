@@ -1,0 +1,86 @@
+"""Peer selection (mesh.py): the same links on every host, every region pair measured, few
+links moved when one host joins, bad member lists named."""
+
+import random
+from itertools import combinations
+
+import pytest
+
+from pathprobe.mesh import Member, MeshError, Policy, links, peers, rounds
+
+HIER = Policy("hierarchical", "region", 2)
+
+
+def fleet(regions: int, per_region: int) -> list[Member]:
+    return [Member(f"r{r:02d}-h{h:03d}", f"region-{r:02d}", f"region-{r:02d}{'abc'[h % 3]}")
+            for r in range(regions) for h in range(per_region)]  # fmt: skip
+
+
+def test_full_mesh_is_every_pair() -> None:
+    members = fleet(3, 4)
+    assert len(links(members, Policy())) == 12 * 11 // 2
+    assert peers(members, "r00-h000", Policy()) == sorted(m.name for m in members[1:])
+
+
+def test_hierarchical_is_a_full_mesh_in_a_region_and_k_links_per_region_pair() -> None:
+    members = fleet(5, 6)
+    found = links(members, HIER)
+    region = {m.name: m.region for m in members}
+    inside = {p for p in found if region[p[0]] == region[p[1]]}
+    assert len(inside) == 5 * (6 * 5 // 2)
+    between: dict[tuple[str, str], int] = {}
+    for a, b in found - inside:
+        key = tuple(sorted((region[a], region[b])))
+        between[key] = between.get(key, 0) + 1  # type: ignore[index]
+    assert between == {pair: 2 for pair in combinations(sorted(set(region.values())), 2)}
+
+
+def test_every_host_derives_the_same_links_from_any_order() -> None:
+    members = fleet(4, 5)
+    shuffled = members[:]
+    random.Random(7).shuffle(shuffled)
+    assert links(members, HIER) == links(shuffled, HIER)
+    for m in members:  # a's peers include b exactly when b's include a
+        for p in peers(members, m.name, HIER):
+            assert m.name in peers(shuffled, p, HIER)
+
+
+def test_one_host_joining_moves_few_links() -> None:
+    members = fleet(6, 8)
+    before = links(members, HIER)
+    joined = Member("r02-h999", "region-02", "region-02a")
+    after = links([*members, joined], HIER)
+    moved = {p for p in before ^ after if joined.name not in p}
+    # Its region's representatives shift by at most k per region pair; the rest stays.
+    assert len(moved) <= 2 * HIER.representatives * 5
+    assert len(moved) < 0.05 * len(before)
+
+
+def test_zone_scope_links_zones_of_a_region_by_representatives() -> None:
+    members = fleet(2, 9)  # three zones of three hosts per region
+    found = links(members, Policy("hierarchical", "zone", 1))
+    zone = {m.name: m.zone for m in members}
+    assert {p for p in found if zone[p[0]] == zone[p[1]]} == {
+        (a.name, b.name) for a, b in combinations(members, 2) if a.zone == b.zone
+    }
+    assert len(found) == 2 * 3 * 3 + 2 * 3 + 1  # in-zone meshes, zone pairs of each region, the region pair
+
+
+def test_bad_member_lists_are_named() -> None:
+    members = fleet(2, 3)
+    with pytest.raises(MeshError, match="names used twice: r00-h000"):
+        links([*members, members[0]], Policy())
+    with pytest.raises(MeshError, match="4 is more than the hosts of region"):
+        links(members, Policy("hierarchical", "region", 4))
+    with pytest.raises(MeshError, match="at least 1"):
+        links(members, Policy("hierarchical", "region", 0))
+
+
+@pytest.mark.parametrize("regions,per_region", [(1, 8), (3, 5), (5, 10)])
+def test_a_rotation_needs_between_the_largest_degree_and_twice_it(regions: int, per_region: int) -> None:
+    found = links(fleet(regions, per_region), HIER)
+    degree: dict[str, int] = {}
+    for a, b in found:
+        degree[a], degree[b] = degree.get(a, 0) + 1, degree.get(b, 0) + 1
+    n = rounds(found)
+    assert max(degree.values()) <= n <= 2 * max(degree.values()) - 1
