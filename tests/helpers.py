@@ -28,6 +28,16 @@ def topology(text: str) -> Topology:
     return Topology.model_validate(yaml.safe_load(text))
 
 
+# A server, one peer of it and a stranger: who may reach the server's iperf3 (test_firewall.py,
+# test_iperf3_admission.py). The server is the second host.
+PEER_SERVER_STRANGER = topology("""
+hosts:
+  - {name: peer, region: r}
+  - {name: server, region: r}
+  - {name: stranger, region: r}
+""")
+
+
 def in_host(host: str, cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(in_ns(ns(host), cmd), capture_output=True, text=True, timeout=timeout, check=False)
 

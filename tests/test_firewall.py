@@ -11,18 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import PATHPROBE, in_host, topology
+from helpers import PATHPROBE, PEER_SERVER_STRANGER, in_host
 from pathprobe_lab import net
 from pathprobe_lab.state import in_ns, ns
 from pathprobe_lab.topology import address
 
-TOPOLOGY = topology("""
-hosts:
-  - {name: peer, region: r}
-  - {name: server, region: r}
-  - {name: stranger, region: r}
-""")
-SERVER = address(2)
+SERVER = address(2)  # the server of PEER_SERVER_STRANGER
+
 # Connects to the server's iperf3 port and holds the connection, saying nothing.
 HOLD = (
     "import socket, sys, time\n"
@@ -37,7 +32,7 @@ HOLD = (
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     work = tmp_path_factory.mktemp("firewall")
-    net.up(TOPOLOGY)
+    net.up(PEER_SERVER_STRANGER)
     cfg = work / "server.yaml"
     cfg.write_text(yaml.safe_dump({
         "host": {"name": "server", "address": SERVER, "region": "r"},

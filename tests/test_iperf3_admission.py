@@ -8,19 +8,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from helpers import PATHPROBE, in_host, scrape, start_exporter, topology, value, wait_for
+from helpers import PATHPROBE, PEER_SERVER_STRANGER, in_host, scrape, start_exporter, value, wait_for
 from pathprobe import procs
 from pathprobe.schedule import Schedule
 from pathprobe_lab import net
 from pathprobe_lab.topology import address
 
-TOPOLOGY = topology("""
-hosts:
-  - {name: peer, region: r}
-  - {name: server, region: r}
-  - {name: stranger, region: r}
-""")
-SERVER = address(2)
+SERVER = address(2)  # the server of PEER_SERVER_STRANGER
 SLOT = 16.0
 SCHEDULE = Schedule.of(["peer", "server"], SLOT)  # what the server's exporter derives
 METRICS = f"{SERVER}:9469"
@@ -29,7 +23,7 @@ METRICS = f"{SERVER}:9469"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     work = tmp_path_factory.mktemp("admission")
-    net.up(TOPOLOGY)
+    net.up(PEER_SERVER_STRANGER)
     cfg = {
         "host": {"name": "server", "address": SERVER, "region": "r"},
         "peers": [{"name": "peer", "address": address(1), "region": "r", "path_class": "intra_region"}],
