@@ -23,14 +23,14 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "exporter" / "src"))
-from pathprobe.mesh import Member, Policy, links, rounds
+from pathprobe.mesh import Member, Policy, links
 from pathprobe.schedule import Schedule
 
 SERIES_PER_PEER, SERIES_PER_HOST, GLOBAL_PER_REGION_PAIR = 93, 100, 8
 RTT_PER_SECOND = 10
 FLEETS = ((50, 5), (200, 12), (1000, 30))
-POLICIES = {"full_mesh": Policy(), "hierarchical k=2": Policy("hierarchical", "region", 2),
-            "hierarchical zone k=1": Policy("hierarchical", "zone", 1)}  # fmt: skip
+POLICIES = {"full_mesh": Policy(), "hierarchical k=2": Policy(kind="hierarchical", scope="region", representatives=2),
+            "hierarchical zone k=1": Policy(kind="hierarchical", scope="zone", representatives=1)}  # fmt: skip
 
 
 def fleet(hosts: int, regions: int) -> list[Member]:
@@ -51,13 +51,9 @@ def row(hosts: int, regions: int, name: str, policy: Policy, args: argparse.Name
     for m in members:
         per_region[m.region] += per_host[m.name]
     global_series = GLOBAL_PER_REGION_PAIR * regions * (regions - 1)
-    # A full mesh runs the exporter's own round-robin schedule; a sampled one would need an
-    # edge colouring of its links (mesh.rounds: greedy, at most twice the largest degree).
-    slots = (
-        len(Schedule.of([m.name for m in members], args.slot_seconds).rounds)
-        if policy.kind == "full_mesh"
-        else rounds(pairs)
-    )
+    # The exporter's own schedule: round-robin for a full mesh, an edge colouring of the links otherwise.
+    names = [m.name for m in members]
+    slots = len(Schedule.of(names, args.slot_seconds, None if policy.kind == "full_mesh" else pairs).rounds)
     rotation_h = slots * args.slot_seconds / 3600
     # Each link is tested once per rotation in each direction, `tests_per_turn` tests per turn;
     # per host, before its daily byte budget (50 GB by default) stops it.

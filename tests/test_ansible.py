@@ -63,8 +63,8 @@ def test_argument_specs_list_exactly_the_defaults() -> None:
 
 
 # --- one source for every default: the role passes the exporter's settings through ------
-PASS_THROUGH = ["pathprobe_probes", "pathprobe_schedule", "pathprobe_budget", "pathprobe_responders",
-                "pathprobe_iperf3"]  # fmt: skip
+PASS_THROUGH = ["pathprobe_probes", "pathprobe_mesh", "pathprobe_schedule", "pathprobe_budget",
+                "pathprobe_responders", "pathprobe_iperf3"]  # fmt: skip
 
 
 def render_role_config(tmp_path: Path, extra: dict) -> tuple[subprocess.CompletedProcess[str], Path]:
@@ -106,7 +106,7 @@ def test_the_role_writes_no_exporter_default(tmp_path: Path) -> None:
     assert [p["name"] for p in written["peers"]] == ["b"] and set(written["peers"][0]) <= peer_keys
     cfg = config.load(out)
     model = config.Config(host=cfg.host, peers=cfg.peers)  # every section at the models' defaults
-    for section in ("probes", "schedule", "responders", "iperf3"):
+    for section in ("probes", "mesh", "schedule", "responders", "iperf3"):
         assert getattr(cfg, section) == getattr(model, section), section
     assert cfg.budget.daily_bytes == model.budget.daily_bytes
     # The monitoring play's file_sd falls back to the role's listen address.
@@ -117,7 +117,8 @@ def test_the_role_writes_no_exporter_default(tmp_path: Path) -> None:
 def test_the_role_passes_what_the_user_sets_through(tmp_path: Path) -> None:
     settings = {"pathprobe_probes": {"rtt": {"interval_seconds": 0.25}, "loss": {"enabled": False}},
                 "pathprobe_schedule": {"slot_seconds": 300}, "pathprobe_budget": {"daily_bytes": "20GB"},
-                "pathprobe_responders": {"rr_port": 19470}, "pathprobe_iperf3": {"port": 15201}}  # fmt: skip
+                "pathprobe_responders": {"rr_port": 19470}, "pathprobe_iperf3": {"port": 15201},
+                "pathprobe_mesh": {"throughput": {"kind": "hierarchical", "representatives": 1}}}  # fmt: skip
     proc, out = render_role_config(tmp_path, settings)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     written = yaml.safe_load(out.read_text())
@@ -130,6 +131,7 @@ def test_the_role_passes_what_the_user_sets_through(tmp_path: Path) -> None:
     assert cfg.probes.rtt.size_bytes == config.default(config.RttSettings, "size_bytes")  # the rest: defaults
     set_values = (cfg.schedule.slot_seconds, cfg.budget.daily_bytes, cfg.responders.rr_port, cfg.iperf3.port)
     assert set_values == (300, 20 * 10**9, 19470, 15201)
+    assert cfg.mesh.throughput is not None and cfg.mesh.throughput.kind == "hierarchical"
 
 
 def test_preflight_refuses_a_host_without_systemd(tmp_path: Path) -> None:

@@ -406,3 +406,53 @@ def test_a_peer_can_keep_fixed_length_tests_when_the_mesh_stops_at_steady_state(
     assert e.turns.test(b, e.cfg.throughput_for(b), ("tcp", "1", "send")).steady is not None
     assert e.turns.test(c, e.cfg.throughput_for(c), ("tcp", "1", "send")).steady is None
     assert e.turns.test(b, e.cfg.throughput_for(b), ("udp", "1", "send")).steady is None  # TCP only
+
+
+def fleet_config(tmp_path: Path, host: str, throughput: dict[str, object] | None = None) -> Config:
+    """Host `host` of a 3-region, 4-hosts-per-region fleet with a hierarchical RTT mesh (k=1)."""
+    members = [(f"r{r}-h{h}", f"r{r}", f"198.18.{r}.{h + 2}") for r in range(3) for h in range(4)]
+    me = next(m for m in members if m[0] == host)
+    peers = [
+        {"name": n, "address": a, "region": r, "path_class": "intra_region" if r == me[1] else "inter_region"}
+        for n, r, a in members
+        if n != host
+    ]
+    mesh = {"rtt": {"kind": "hierarchical", "representatives": 1}, "throughput": throughput}
+    return config(tmp_path, host={"name": host, "address": me[2], "region": me[1]}, peers=peers, mesh=mesh)
+
+
+def test_a_hierarchical_mesh_probes_and_exports_only_its_links(tmp_path: Path) -> None:
+    hosts = [f"r{r}-h{h}" for r in range(3) for h in range(4)]
+    cfgs = {h: fleet_config(tmp_path, h) for h in hosts}
+    for h, cfg in cfgs.items():  # links are symmetric: every host derives the same mesh
+        for p in cfg.rtt_peers:
+            assert h in {q.name for q in cfgs[p.name].rtt_peers}
+        assert {p.name for p in cfg.rtt_peers} >= {x for x in hosts if x[:2] == h[:2] and x != h}
+    # 3 region pairs, one link each
+    inter = {tuple(sorted((h, p.name))) for h, c in cfgs.items() for p in c.rtt_peers if p.region != c.host.region}
+    assert len(inter) == 3
+    ex = Exporter(cfgs["r0-h0"])
+    got = samples(ex)
+    probed = {p.name for p in cfgs["r0-h0"].rtt_peers}
+    exported = {dict(ls)["peer"] for n, ls in got if n == "pathprobe_probe_runs_total"}
+    assert exported == probed
+    assert {name.split("-", 1)[1] for name, _ in ex.probers()} == probed
+    assert {p.name for p in cfgs["r0-h0"].probed_peers} == probed
+    assert ex.allow_list().allows("198.18.0.3") and not ex.allow_list().allows(
+        next(str(p.address) for p in cfgs["r0-h0"].peers if p.name not in probed)
+    )
+
+
+def test_a_sampled_throughput_mesh_schedules_only_its_links_and_no_host_twice(tmp_path: Path) -> None:
+    hosts = [f"r{r}-h{h}" for r in range(3) for h in range(4)]
+    cfgs = {h: fleet_config(tmp_path, h, {"kind": "hierarchical", "representatives": 1}) for h in hosts}
+    schedules = {h: Exporter(cfgs[h]).schedule for h in hosts}
+    assert len({s.fingerprint for s in schedules.values()}) == 1
+    s = schedules["r0-h0"]
+    tested = {tuple(sorted((h, t.peer))) for h in hosts for k in range(len(s.rounds)) if (t := s.turn(h, k))}
+    assert tested == set(cfgs["r0-h0"].throughput_pairs or ())
+    for k in range(len(s.rounds)):
+        busy = [h for pair in s.rounds[k] for h in pair]
+        assert len(busy) == len(set(busy))
+    # A full mesh would need 11 rounds; this one needs the largest degree (3 in-region + up to 2 out).
+    assert len(s.rounds) < 11

@@ -335,3 +335,11 @@ def test_check_config_exits_2_without_a_traceback_on_unusable_files(tmp_path: Pa
         )  # fmt: skip
         assert proc.returncode == 2, (path, proc.stderr)
         assert "Traceback" not in proc.stderr and proc.stderr.startswith(str(path)), proc.stderr
+
+
+def test_a_mesh_policy_the_member_list_cannot_meet_is_named(tmp_path: Path) -> None:
+    text = MINIMAL + "mesh:\n  throughput: {kind: hierarchical, representatives: 2}\n"
+    got = problems(tmp_path, text)
+    assert any("mesh.throughput.representatives: 2 is more than the hosts of region(s) r1, r2" in p for p in got), got
+    got = problems(tmp_path, MINIMAL + "mesh:\n  rtt: {kind: sampled}\n")
+    assert any("mesh.rtt.kind" in p and ":5" in p for p in got), got

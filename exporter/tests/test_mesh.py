@@ -5,10 +5,11 @@ import random
 from itertools import combinations
 
 import pytest
+from pydantic import ValidationError
 
 from pathprobe.mesh import Member, MeshError, Policy, links, peers, rounds
 
-HIER = Policy("hierarchical", "region", 2)
+HIER = Policy(kind="hierarchical", scope="region", representatives=2)
 
 
 def fleet(regions: int, per_region: int) -> list[Member]:
@@ -58,7 +59,7 @@ def test_one_host_joining_moves_few_links() -> None:
 
 def test_zone_scope_links_zones_of_a_region_by_representatives() -> None:
     members = fleet(2, 9)  # three zones of three hosts per region
-    found = links(members, Policy("hierarchical", "zone", 1))
+    found = links(members, Policy(kind="hierarchical", scope="zone", representatives=1))
     zone = {m.name: m.zone for m in members}
     assert {p for p in found if zone[p[0]] == zone[p[1]]} == {
         (a.name, b.name) for a, b in combinations(members, 2) if a.zone == b.zone
@@ -71,9 +72,9 @@ def test_bad_member_lists_are_named() -> None:
     with pytest.raises(MeshError, match="names used twice: r00-h000"):
         links([*members, members[0]], Policy())
     with pytest.raises(MeshError, match="4 is more than the hosts of region"):
-        links(members, Policy("hierarchical", "region", 4))
-    with pytest.raises(MeshError, match="at least 1"):
-        links(members, Policy("hierarchical", "region", 0))
+        links(members, Policy(kind="hierarchical", scope="region", representatives=4))
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        Policy(kind="hierarchical", representatives=0)
 
 
 @pytest.mark.parametrize("regions,per_region", [(1, 8), (3, 5), (5, 10)])
@@ -82,5 +83,9 @@ def test_a_rotation_needs_between_the_largest_degree_and_twice_it(regions: int, 
     degree: dict[str, int] = {}
     for a, b in found:
         degree[a], degree[b] = degree.get(a, 0) + 1, degree.get(b, 0) + 1
-    n = rounds(found)
-    assert max(degree.values()) <= n <= 2 * max(degree.values()) - 1
+    rotation = rounds(found)
+    assert max(degree.values()) <= len(rotation) <= 2 * max(degree.values()) - 1
+    assert sorted(p for r in rotation for p in r) == sorted(found)  # every link once
+    for r in rotation:  # no host in two tests at once
+        hosts = [h for pair in r for h in pair]
+        assert len(hosts) == len(set(hosts))

@@ -21,8 +21,9 @@ class AllowList:
 
     @classmethod
     def of(cls, cfg: Config) -> AllowList:
-        """The config's peers and `responders.allow`: whom every responder (and the firewall) admits."""
-        return cls([*(str(p.address) for p in cfg.peers), *cfg.responders.allow])
+        """The peers this host probes and `responders.allow`: whom every responder (and the firewall) admits
+        (the mesh's links are symmetric: the peers this host probes are those that probe it)."""
+        return cls([*(str(p.address) for p in cfg.probed_peers), *cfg.responders.allow])
 
     @staticmethod
     def address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

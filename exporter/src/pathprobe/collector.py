@@ -99,12 +99,14 @@ class Collector:
             [*TEST, "duration_seconds", "omit_seconds", "congestion", "target_bits_per_second", "window_bytes"],
         )
         rtt, loss = self.cfg.probes.rtt, self.cfg.probes.loss
-        for peer in self.cfg.peers:
+        rtt_peers = {p.name for p in self.cfg.rtt_peers}
+        throughput_peers = {p.name for p in self.cfg.throughput_peers}
+        for peer in self.cfg.probed_peers:
             labels = peer_labels(peer)
             info.add_metric([peer.name, peer.region, peer.zone, peer.path_class.value, str(peer.address)], 1)
             if peer.rtt_ceiling_seconds:
                 ceiling.add_metric(labels, peer.rtt_ceiling_seconds)
-            if rtt.enabled:
+            if rtt.enabled and peer.name in rtt_peers:
                 rtt_settings.add_metric(
                     [
                         *labels,
@@ -116,7 +118,7 @@ class Collector:
                     ],
                     1,
                 )
-            if loss.enabled:
+            if loss.enabled and peer.name in rtt_peers:
                 rtt_settings.add_metric(
                     [
                         *labels,
@@ -129,7 +131,7 @@ class Collector:
                     1,
                 )
             tput = self.cfg.throughput_for(peer)
-            if tput.enabled:
+            if tput.enabled and peer.name in throughput_peers:
                 for key in tput.tests():
                     tput_settings.add_metric([*labels, *key, *settings_labels(tput, key[0])], 1)
         unknown = _gauge(
@@ -294,7 +296,7 @@ class Collector:
         # peer wherever this mesh runs tests.
         states = STATES if self.cfg.half_slot_need(with_margin=False) else ("idle",)
         if self.cfg.probes.loss.enabled:
-            for peer in self.cfg.peers:
+            for peer in self.cfg.rtt_peers:
                 for state in states:
                     counts = dict(udp.get((peer.name, state), {}))
                     for k in UDP_COUNTS:  # every series from zero, so that increase() sees the first loss
@@ -319,7 +321,7 @@ class Collector:
         )
         worst_loss = dict(self.store.worst_flow_loss)
         if self.cfg.probes.loss.enabled:
-            for peer in self.cfg.peers:
+            for peer in self.cfg.rtt_peers:
                 f, r = by_direction.get(peer.name, (0, 0))
                 forward.add_metric(peer_labels(peer), f)
                 reverse.add_metric(peer_labels(peer), r)
@@ -363,8 +365,9 @@ class Collector:
             ["probe", "peer", "result"],
         )
         counted = dict(self.store.runs)
-        for peer in self.cfg.peers:
-            for probe in PROBES:  # every outcome from zero, so that increase() sees the first failure
+        probed = {"throughput": self.cfg.throughput_peers, "rtt": self.cfg.rtt_peers}
+        for probe in PROBES:  # every outcome from zero, so that increase() sees the first failure
+            for peer in probed.get(probe, self.cfg.rtt_peers):  # loss and mtu go with rtt
                 for reason in REASONS:
                     runs.add_metric([probe, peer.name, reason], counted.get((probe, peer.name, reason), 0))
         last = _gauge(

@@ -10,6 +10,7 @@ import ipaddress
 import socket
 from collections import Counter
 from enum import StrEnum
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -24,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from . import mesh as selection
 from . import yamlfile
 from .units import parse_quantity
 
@@ -277,9 +279,21 @@ class Probes(Strict):
     mtu: MtuSettings = MtuSettings()
 
 
+class MeshSettings(Strict):
+    """Which of the members (this host and `peers`) this host probes: every host derives the
+    same links from the same member list (mesh.py). `full_mesh` probes every peer;
+    `hierarchical` every peer of the same region (or zone) and `representatives` links per
+    region pair, so that a large fleet stays within its series and test budget."""
+
+    rtt: selection.Policy = selection.Policy()  # the RTT, loss and MTU probes
+    throughput: selection.Policy | None = None  # the throughput tests; None: as rtt
+
+
 class Config(Strict):
     host: Host
+    # Every other member of the mesh; `mesh` chooses which of them this host probes.
     peers: list[Peer] = Field(min_length=1)
+    mesh: MeshSettings = MeshSettings()
     probes: Probes = Probes()
     schedule: ScheduleSettings = ScheduleSettings()
     responders: Responders = Responders()
@@ -311,6 +325,11 @@ class Config(Strict):
                 f"below probes.rtt.flows {self.probes.rtt.flows}: peers' RTT flows beyond it would be refused "
                 "and read as failing flows"
             )
+        for name, policy in (("rtt", self.mesh.rtt), ("throughput", self.mesh.throughput or self.mesh.rtt)):
+            try:
+                selection.check(self.members, policy, f"mesh.{name}")
+            except selection.MeshError as exc:
+                raise ValueError(str(exc)) from None
         need = self.half_slot_need()
         half = self.schedule.slot_seconds / 2
         if need > half:
@@ -320,6 +339,42 @@ class Config(Strict):
                 f"set slot_seconds >= {2 * need:g} or run fewer stream counts/protocols"
             )
         return self
+
+    @cached_property
+    def members(self) -> list[selection.Member]:
+        """This host and its peers: the member list every host of the mesh shares."""
+        hosts: list[Host | Peer] = [self.host, *self.peers]
+        return [selection.Member(m.name, m.region, m.zone) for m in hosts]
+
+    def _selected(self, policy: selection.Policy) -> list[Peer]:
+        if policy.kind == "full_mesh":
+            return list(self.peers)
+        chosen = set(selection.peers(self.members, self.host.name, policy))
+        return [p for p in self.peers if p.name in chosen]
+
+    @cached_property
+    def rtt_peers(self) -> list[Peer]:
+        """The peers this host runs RTT, loss and MTU probes to (mesh.rtt)."""
+        return self._selected(self.mesh.rtt)
+
+    @cached_property
+    def throughput_peers(self) -> list[Peer]:
+        """The peers this host runs throughput tests with (mesh.throughput)."""
+        return self._selected(self.mesh.throughput or self.mesh.rtt)
+
+    @cached_property
+    def probed_peers(self) -> list[Peer]:
+        """Every peer this host probes or answers: whom the responders admit and /metrics names."""
+        names = {p.name for p in self.rtt_peers} | {p.name for p in self.throughput_peers}
+        return [p for p in self.peers if p.name in names]
+
+    @cached_property
+    def throughput_pairs(self) -> set[tuple[str, str]] | None:
+        """The pairs of the whole mesh that run throughput tests (for the schedule); None: all."""
+        policy = self.mesh.throughput or self.mesh.rtt
+        if policy.kind == "full_mesh":
+            return None
+        return selection.links(self.members, policy)
 
     def throughput_for(self, peer: Peer) -> ThroughputSettings:
         """The global throughput settings with this peer's overrides applied."""
@@ -332,7 +387,7 @@ class Config(Strict):
         sched = self.schedule
         margin = sched.timeout_margin_seconds if with_margin else 0.0
         worst = 0.0
-        for peer in self.peers:
+        for peer in self.throughput_peers:
             t = self.throughput_for(peer)
             if not t.enabled:
                 continue

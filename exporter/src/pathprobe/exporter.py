@@ -49,18 +49,18 @@ class Exporter:
     def __init__(self, cfg: Config, clock: Callable[[], float] = time.time):
         self.cfg = cfg
         self.store = Store(clock)
-        self.schedule = Schedule.of([cfg.host.name, *(p.name for p in cfg.peers)], cfg.schedule.slot_seconds)
+        self.schedule = Schedule.of([m.name for m in cfg.members], cfg.schedule.slot_seconds, cfg.throughput_pairs)
         self.budget = Budget(cfg.budget.daily_bytes, cfg.budget.state_file, clock)
         self.tracker = ExpectedTracker(cfg, self.store)
         self.turns = ThroughputTurns(cfg, self.store, self.schedule, self.budget, self.tracker, clock)
         self.collector = Collector(cfg, self.schedule, self.budget, self.store)
         self.store.load_state = self.load_state
         self.clock = clock
-        self._peer_at = {AllowList.normalize(str(p.address)): p.name for p in cfg.peers}
+        self._peer_at = {AllowList.normalize(str(p.address)): p.name for p in cfg.probed_peers}
         self._extra_allowed = AllowList(cfg.responders.allow)
         # How long a half-slot's tests run, as scheduled (the same for the whole run).
         self.test_seconds = cfg.half_slot_need(with_margin=False)
-        for peer in cfg.peers:
+        for peer in cfg.throughput_peers:
             settings = cfg.throughput_for(peer)
             if settings.enabled:
                 self.tracker.rate_all(peer, settings.tests())
@@ -96,7 +96,7 @@ class Exporter:
         cfg = self.cfg
         probes: list[tuple[str, RttProber | EchoProber | MtuProber]] = []
         local_mtu = host_max_mtu()
-        for peer in cfg.peers:
+        for peer in cfg.rtt_peers:
             addr = str(peer.address)
             if cfg.probes.rtt.enabled:
                 target = Target(addr, peer.rr_port or cfg.responders.rr_port)

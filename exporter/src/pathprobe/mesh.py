@@ -4,17 +4,20 @@
 (region or zone), and between two regions `representatives` links, chosen by rendezvous
 (highest random weight) hashing so that every host derives the same links from the same
 member list, and adding or removing one host moves only the links it ranks in. Every
-region pair is linked. Not wired into the exporter yet: `bench/fleet.py` sizes fleets with
-it; the config still lists peers (the Ansible role writes every other host).
+region pair is linked. The config's `mesh` section holds a policy for the RTT/loss probes
+and one for throughput (Config.rtt_peers, Config.throughput_peers); `bench/fleet.py` sizes
+fleets with it.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 
 @dataclass(frozen=True)
@@ -24,35 +27,37 @@ class Member:
     zone: str = ""
 
 
-@dataclass(frozen=True)
-class Policy:
+class Policy(BaseModel):
+    """A peer-selection policy, as the config's `mesh.rtt` and `mesh.throughput` hold it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
     kind: Literal["full_mesh", "hierarchical"] = "full_mesh"
     scope: Literal["region", "zone"] = "region"  # hierarchical: full mesh inside one of these
-    representatives: int = 2  # hierarchical: links per region pair
+    representatives: int = Field(default=2, ge=1)  # hierarchical: links per region pair (and zone pair)
 
 
 class MeshError(ValueError):
     """A member list or policy that cannot give every host its peers; the message names them."""
 
 
-def check(members: list[Member], policy: Policy) -> None:
-    names = [m.name for m in members]
-    twice = sorted({n for n in names if names.count(n) > 1})
+def check(members: list[Member], policy: Policy, where: str = "mesh") -> None:
+    """Raise MeshError, naming `where` (the policy's field path), when the policy cannot link
+    every region pair by `representatives` hosts of each side."""
+    counts = Counter(m.name for m in members)
+    twice = sorted(n for n, k in counts.items() if k > 1)
     if twice:
         raise MeshError(f"members: names used twice: {', '.join(twice)}")
     if policy.kind == "hierarchical":
-        if policy.representatives < 1:
-            raise MeshError("mesh.representatives: must be at least 1, or a region pair is never measured")
         by_region = _by_region(members)
         small = sorted(r for r, hosts in by_region.items() if len(hosts) < policy.representatives)
         if small and len(by_region) > 1:
-            raise MeshError(f"mesh.representatives: {policy.representatives} is more than the hosts of region(s) "
-                            f"{', '.join(small)}")  # fmt: skip
+            raise MeshError(f"{where}.representatives: {policy.representatives} is more than the hosts of "
+                            f"region(s) {', '.join(small)}")  # fmt: skip
 
 
-def links(members: list[Member], policy: Policy) -> set[tuple[str, str]]:
+def links(members: list[Member], policy: Policy, where: str = "mesh") -> set[tuple[str, str]]:
     """Every probed pair (a, b) with a < b, the same for every host."""
-    check(members, policy)
+    check(members, policy, where)
     if policy.kind == "full_mesh":
         return {_pair(a.name, b.name) for a, b in combinations(members, 2)}
     found = set()
@@ -105,16 +110,19 @@ def _pair(a: str, b: str) -> tuple[str, str]:
     return (a, b) if a < b else (b, a)
 
 
-def rounds(pairs: set[tuple[str, str]]) -> int:
-    """Slots one throughput rotation over these pairs needs when no host is in two tests at
-    once: a greedy edge colouring in a fixed order (at most twice the largest degree)."""
+def rounds(pairs: set[tuple[str, str]]) -> tuple[tuple[tuple[str, str], ...], ...]:
+    """The rounds of one throughput rotation over these pairs, no host in two pairs of a
+    round: a greedy edge colouring in sorted order (at most twice the largest degree
+    rounds), so the same on every host."""
     used: dict[str, set[int]] = defaultdict(set)
-    most = 0
+    out: list[list[tuple[str, str]]] = []
     for a, b in sorted(pairs):
         colour = 0
         while colour in used[a] or colour in used[b]:
             colour += 1
         used[a].add(colour)
         used[b].add(colour)
-        most = max(most, colour + 1)
-    return most
+        if colour == len(out):
+            out.append([])
+        out[colour].append((a, b))
+    return tuple(tuple(r) for r in out)

@@ -2,7 +2,9 @@
 
 The hosts (this one and all its peers) are sorted by name and paired by the
 circle method of a round-robin tournament: in each round every host meets at
-most one other, and over one rotation every pair meets exactly once. Time is cut
+most one other, and over one rotation every pair meets exactly once. A sampled mesh
+(config `mesh.throughput`, mesh.py) plays the rounds of an edge colouring of its links
+instead (mesh.rounds), also the same on every host. Time is cut
 into slots of `slot_seconds` since the Unix epoch; slot k plays round k mod R.
 Within a slot the two hosts of a pair take turns as the iperf3 client, one half
 each, so that no host is ever in two throughput tests at once, anywhere in the
@@ -15,6 +17,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from functools import cached_property
+
+from . import mesh
 
 
 @dataclass(frozen=True)
@@ -31,15 +35,19 @@ class Turn:
 class Schedule:
     members: tuple[str, ...]
     slot_seconds: float
+    # The pairs that test each other (a < b); None: every pair (a full mesh).
+    pairs: tuple[tuple[str, str], ...] | None = None
 
     @classmethod
-    def of(cls, members: list[str], slot_seconds: float) -> Schedule:
+    def of(cls, members: list[str], slot_seconds: float, pairs: set[tuple[str, str]] | None = None) -> Schedule:
         if len(set(members)) != len(members):
             raise ValueError("schedule members must be unique")
-        return cls(tuple(sorted(members)), slot_seconds)
+        return cls(tuple(sorted(members)), slot_seconds, None if pairs is None else tuple(sorted(pairs)))
 
     @cached_property
     def rounds(self) -> tuple[tuple[tuple[str, str], ...], ...]:
+        if self.pairs is not None:
+            return mesh.rounds(set(self.pairs)) or ((),)  # no pair at all: one empty round
         players: list[str | None] = list(self.members)
         if len(players) % 2:
             players.append(None)  # a bye
@@ -62,8 +70,10 @@ class Schedule:
 
     @cached_property
     def fingerprint(self) -> str:
-        """Short hash of members and slot length: equal on every host of a consistent mesh."""
+        """Short hash of members, slot length and pairs: equal on every host of a consistent mesh."""
         text = f"{self.slot_seconds:g}|" + ",".join(self.members)
+        if self.pairs is not None:
+            text += "|" + ",".join(f"{a}-{b}" for a, b in self.pairs)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def partner(self, host: str, slot: int) -> str | None:

@@ -40,7 +40,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(f"{args.file}: ok ({cfg.host.name}, {len(cfg.peers)} peers)")
+    print(f"{args.file}: ok ({cfg.host.name}, {len(cfg.peers)} peers; probes {len(cfg.rtt_peers)} for RTT, "
+          f"{len(cfg.throughput_peers)} for throughput)")  # fmt: skip
     return 0
 
 
@@ -50,8 +51,8 @@ def host_problems(cfg: config.Config) -> list[str]:
     ports = local_port_range()
     for probe in ("rtt", "loss"):
         flows = getattr(cfg.probes, probe).flows
-        if ports is not None and flows * (len(cfg.peers) + 1) > ports:
-            problems.append(f"probes.{probe}.flows: {flows} flows to each of {len(cfg.peers)} peers need more "
+        if ports is not None and flows * (len(cfg.rtt_peers) + 1) > ports:
+            problems.append(f"probes.{probe}.flows: {flows} flows to each of {len(cfg.rtt_peers)} peers need more "
                             f"source ports than this host's ip_local_port_range has ({ports})")  # fmt: skip
     if shutil.which(cfg.iperf3.binary) is None:
         problems.append(f"iperf3.binary: {cfg.iperf3.binary!r} is not an executable on this host's PATH "
