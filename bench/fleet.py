@@ -8,8 +8,9 @@ Run: .venv/bin/python bench/fleet.py [--slot-seconds 120] [--test-gb 0.6] [--tes
 
 Assumptions, stated: 93 series per peer and 100 per host (bench/exporter_bench.py measured
 46,663 exposition lines at 500 peers, default probes); RTT and UDP echo at 10/s each per peer
-(the defaults); a global Prometheus that receives only region-pair recording rules, 8 series
-per ordered region pair; hosts spread evenly over regions and three zones per region.
+(the defaults); a global Prometheus that receives only the region-pair recording rules
+(alerts/pathprobe.rules.yml, group pathprobe.region_pairs), 11 series per ordered region pair
+with the default two tests per path; hosts spread evenly over regions and three zones per region.
 Targets at 1,000 hosts / 30 regions: <= 1 M series per regional Prometheus, <= 100 k in the
 global view, every region pair's throughput measured at least every 6 h, <= 500 RTT probes/s
 per host.
@@ -26,7 +27,9 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "exporter" / "src"))
 from pathprobe.mesh import Member, Policy, links
 from pathprobe.schedule import Schedule
 
-SERIES_PER_PEER, SERIES_PER_HOST, GLOBAL_PER_REGION_PAIR = 93, 100, 8
+# Global view per ordered region pair (intra-region pairs too), default tests (tcp x1 and x8 send):
+# paths 1 + ratio 2 + rate 2 + last test 1 + RTT p50 and p99 of tcp and udp 4 + loss 1 (rules.py).
+SERIES_PER_PEER, SERIES_PER_HOST, GLOBAL_PER_REGION_PAIR = 93, 100, 11
 RTT_PER_SECOND = 10
 FLEETS = ((50, 5), (200, 12), (1000, 30))
 POLICIES = {"full_mesh": Policy(), "hierarchical k=2": Policy(kind="hierarchical", scope="region", representatives=2),
@@ -50,7 +53,7 @@ def row(hosts: int, regions: int, name: str, policy: Policy, args: argparse.Name
     per_region: dict[str, int] = defaultdict(int)
     for m in members:
         per_region[m.region] += per_host[m.name]
-    global_series = GLOBAL_PER_REGION_PAIR * regions * (regions - 1)
+    global_series = GLOBAL_PER_REGION_PAIR * regions**2
     # The exporter's own schedule: round-robin for a full mesh, an edge colouring of the links otherwise.
     names = [m.name for m in members]
     slots = len(Schedule.of(names, args.slot_seconds, None if policy.kind == "full_mesh" else pairs).rounds)

@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -134,6 +135,49 @@ def test_the_role_passes_what_the_user_sets_through(tmp_path: Path) -> None:
     assert cfg.mesh.throughput is not None and cfg.mesh.throughput.kind == "hierarchical"
 
 
+def render_config_change(tmp_path: Path, members: list[str], extra: dict) -> tuple[dict, bool]:
+    """The role's config_change.yml and config template for host a of a mesh of `members`, with
+    the config written in tmp_path by the previous call as the running one: (config, restart?)."""
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    hosts = {m: {"pathprobe_region": f"r{i % 2}", "pathprobe_address": f"127.0.0.{i + 1}"}
+             for i, m in enumerate(members)}  # fmt: skip
+    hosts["a"] |= {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory = {"all": {"vars": defaults | {"pathprobe_iperf3_auth": False, "pathprobe_config_dir": str(tmp_path)},
+                         "children": {"pathprobe": {"hosts": hosts}}}}  # fmt: skip
+    play = [{"name": "Render", "hosts": "a", "gather_facts": False, "tasks": [
+        {"name": "Compare", "ansible.builtin.include_role": {"name": "pathprobe", "tasks_from": "config_change"}},
+        {"name": "Template", "ansible.builtin.template": {
+            "src": str(ROLE / "templates" / "pathprobe.yaml.j2"), "dest": str(tmp_path / "pathprobe.yaml"),
+            "mode": "0644", "validate": f"{BIN / 'pathprobe'} check-config %s"}},
+        {"name": "Note", "ansible.builtin.copy": {"content": "{{ pathprobe_config_needs_restart }}",
+                                                  "dest": str(tmp_path / "restart"), "mode": "0644"}}]}]  # fmt: skip
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    proc = run([str(BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml"),
+                "-e", json.dumps(extra)],
+               env={"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
+                    "ANSIBLE_NOCOLOR": "1", "HOME": str(tmp_path)})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    return yaml.safe_load((tmp_path / "pathprobe.yaml").read_text()), (tmp_path / "restart").read_text() == "True"
+
+
+def test_a_member_list_change_gets_one_epoch_and_a_reload(tmp_path: Path) -> None:
+    first, restart = render_config_change(tmp_path, ["a", "b"], {})
+    assert "mesh" not in first and restart  # a new mesh: no epoch; nothing runs yet: a (first) start
+    again, restart = render_config_change(tmp_path, ["a", "b"], {"pathprobe_probes": {"rtt": {"flows": 4}}})
+    assert "mesh" not in again and not restart  # same members, a probe setting: a reload
+    started = time.time()
+    grown, restart = render_config_change(tmp_path, ["a", "b", "c"], {})
+    epoch = float(grown["mesh"]["epoch"])
+    assert started + 290 <= epoch <= time.time() + 310 and not restart  # takes effect in 300 s, by a reload
+    kept, _ = render_config_change(tmp_path, ["a", "b", "c"], {})
+    assert float(kept["mesh"]["epoch"]) == epoch  # the same members again: the same file
+    _, restart = render_config_change(tmp_path, ["a", "b", "c"], {"pathprobe_budget": {"daily_bytes": "40GB"}})
+    assert restart
+    render_config_change(tmp_path, ["a", "c"], {"pathprobe_mesh_epoch": "2030-01-01T00:00:00Z"})
+    assert config.load(tmp_path / "pathprobe.yaml").mesh.epoch == datetime(2030, 1, 1, tzinfo=UTC)
+
+
 def test_preflight_refuses_a_host_without_systemd(tmp_path: Path) -> None:
     # This machine's PID 1 is not systemd: the role must stop before installing anything.
     inventory = {"all": {"children": {"pathprobe": {"hosts": {
@@ -242,7 +286,7 @@ def web_credentials(work: Path, addresses: list[str]) -> dict[str, str]:
             "pathprobe_web_basic_auth_password": secrets.token_urlsafe(16)}  # fmt: skip
 
 
-def inventory(work: Path, hosts: dict[str, dict], probes: dict, web: dict[str, str]) -> Path:
+def inventory(work: Path, hosts: dict[str, dict], probes: dict, web: dict[str, str], extra: dict) -> Path:
     out = work / "hosts.yml"
     out.write_text(yaml.safe_dump({"all": {"vars": web, "children": {
         "pathprobe": {"hosts": hosts, "vars": {
@@ -254,6 +298,7 @@ def inventory(work: Path, hosts: dict[str, dict], probes: dict, web: dict[str, s
             "pathprobe_wheel_dir": str(work / "wheels"),
             "pathprobe_probes": probes,
             "pathprobe_schedule": {"slot_seconds": 16, "jitter_seconds": 1, "timeout_margin_seconds": 3},
+            **extra,
         }},
         "monitoring": {"hosts": {"localhost": {"ansible_connection": "local", "ansible_become": False,
                                                "ansible_python_interpreter": sys.executable}}},
@@ -291,9 +336,10 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         file_sd = work / "file_sd" / "pathprobe.json"
         web = web_credentials(work, list(addresses.values()))
 
-        def play(probes: dict) -> subprocess.CompletedProcess[str]:
+        def play(probes: dict, extra: dict | None = None) -> subprocess.CompletedProcess[str]:
             # monitoring_install_rules as JSON: a boolean, not the string "false".
-            cmd = [str(BIN / "ansible-playbook"), "-i", str(inventory(work, hosts, probes, web)), "playbooks/site.yml",
+            hosts_file = inventory(work, hosts, probes, web, extra or {})
+            cmd = [str(BIN / "ansible-playbook"), "-i", str(hosts_file), "playbooks/site.yml",
                    "playbooks/monitoring.yml", "-e", f"monitoring_file_sd_path={file_sd}",
                    "-e", '{"monitoring_install_rules": false}',
                    "-e", f"monitoring_scrape_password_file={work / 'prometheus-password'}",
@@ -405,18 +451,28 @@ def main_pids(deployed: dict) -> dict[str, str]:
             for h in deployed["addresses"]}  # fmt: skip
 
 
-def test_a_config_change_restarts_the_exporters(deployed: dict) -> None:
+def test_a_probe_change_reloads_and_a_budget_change_restarts_the_exporters(deployed: dict) -> None:
     before = main_pids(deployed)
     changed = deployed["play"](PROBES | {"rtt": {"interval_seconds": 0.2}})
     assert changed.returncode == 0, changed.stdout[-4000:] + changed.stderr[-2000:]
-    assert changed.stdout.count("RUNNING HANDLER [pathprobe : Restart pathprobe]") == 1, changed.stdout[-4000:]
+    assert changed.stdout.count("RUNNING HANDLER [pathprobe : Apply the pathprobe configuration]") == 1
+    assert main_pids(deployed) == before  # reloaded (systemctl reload: SIGHUP), not restarted
+    for host, addr in deployed["addresses"].items():
+        wait_for(f"{host} reloaded with the new RTT interval",
+                 lambda addr=addr: 'interval_seconds="0.2"' in metrics_text(deployed, addr)
+                 and 'pathprobe_config_reloads_total{result="success"} 1.0' in metrics_text(deployed, addr),
+                 timeout=30)  # fmt: skip
+        assert ssh(deployed, host, "systemctl show pathprobe -p NRestarts --value").stdout.strip() == "0"
+    budget = {"pathprobe_budget": {"daily_bytes": "40GB"}}
+    changed = deployed["play"](PROBES | {"rtt": {"interval_seconds": 0.2}}, budget)
+    assert changed.returncode == 0, changed.stdout[-4000:] + changed.stderr[-2000:]
     after = main_pids(deployed)
     assert all(after[h] not in ("", "0", before[h]) for h in before), (before, after)
     for host, addr in deployed["addresses"].items():
         wait_for(f"/metrics of {host} after the restart", lambda addr=addr: metrics_answer(deployed, addr),
                  timeout=30)  # fmt: skip
-        cfg = ssh(deployed, host, "cat /etc/pathprobe/pathprobe.yaml").stdout
-        assert yaml.safe_load(cfg)["probes"]["rtt"] == {"interval_seconds": 0.2}
+        cfg = yaml.safe_load(ssh(deployed, host, "cat /etc/pathprobe/pathprobe.yaml").stdout)
+        assert cfg["probes"]["rtt"] == {"interval_seconds": 0.2} and cfg["budget"]["daily_bytes"] == "40GB"
 
 
 def metrics_request(address: str, password: str | None) -> urllib.request.Request:
@@ -424,6 +480,16 @@ def metrics_request(address: str, password: str | None) -> urllib.request.Reques
     if password is not None:
         req.add_header("Authorization", "Basic " + base64.b64encode(f"prometheus:{password}".encode()).decode())
     return req
+
+
+def metrics_text(deployed: dict, address: str) -> str:
+    tls = ssl.create_default_context(cafile=str(deployed["work"] / "web-cert.pem"))
+    with (
+        contextlib.suppress(OSError),
+        urllib.request.urlopen(metrics_request(address, deployed["password"]), timeout=2, context=tls) as r,
+    ):
+        return str(r.read().decode())
+    return ""
 
 
 def metrics_answer(deployed: dict, address: str) -> bool:
@@ -505,3 +571,36 @@ def test_the_monitoring_play_renders_the_rules_with_the_fleets_parameters(tmp_pa
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     committed = (ROOT / "alerts" / "pathprobe.rules.yml").read_text()
     assert (tmp_path / "rules" / "pathprobe.rules.yml").read_text() == committed
+
+
+def test_the_monitoring_play_writes_a_regional_and_a_global_prometheus(tmp_path: Path) -> None:
+    hosts = {"a": {"pathprobe_region": "r1", "ansible_host": "198.18.1.2"},
+             "b": {"pathprobe_region": "r2", "ansible_host": "198.18.2.2"}}  # fmt: skip
+    local = {"ansible_connection": "local", "ansible_become": False, "ansible_python_interpreter": sys.executable}
+    for layout, extra in (("regional", {"monitoring_region": "r1",
+                                        "monitoring_remote_write_url": "http://global:9090/api/v1/write"}),
+                          ("global", {})):  # fmt: skip
+        work = tmp_path / layout
+        work.mkdir()
+        inventory = {"all": {"children": {"pathprobe": {"hosts": hosts},
+                                          "monitoring": {"hosts": {layout: local | {"monitoring_layout": layout,
+                                                                                    **extra}}}}}}  # fmt: skip
+        (work / "hosts.yml").write_text(yaml.safe_dump(inventory))
+        settings = {"monitoring_file_sd_path": str(work / "pathprobe.json"), "monitoring_rules_dir": str(work),
+                    "monitoring_alertmanager_config": str(work / "alertmanager.yml"),
+                    "monitoring_prometheus_config": str(work / "prometheus.yml")}  # fmt: skip
+        proc = run([str(BIN / "ansible-playbook"), "-i", str(work / "hosts.yml"), "playbooks/monitoring.yml",
+                    "-e", json.dumps(settings)],
+                   env={"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_NOCOLOR": "1",
+                        "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"), "HOME": str(work)})  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+        written = yaml.safe_load((work / "prometheus.yml").read_text())
+        assert written["global"]["external_labels"] == {"prometheus": layout}
+        if layout == "regional":  # its region's exporters, the rules, region pairs sent on
+            assert [t["labels"]["region"] for t in json.loads((work / "pathprobe.json").read_text())] == ["r1"]
+            assert written["scrape_configs"][0]["file_sd_configs"] == [{"files": [str(work / "pathprobe.json")]}]
+            assert written["rule_files"] == [str(work / "pathprobe.rules.yml")]
+            assert written["remote_write"][0]["url"] == "http://global:9090/api/v1/write"
+            assert written["remote_write"][0]["write_relabel_configs"][0]["regex"] == "region_pair:.+"
+        else:  # scrapes nothing
+            assert "scrape_configs" not in written and "remote_write" not in written

@@ -15,10 +15,14 @@ from .common import DS, HALF, QUARTER, dashboard, grid, query, selector, steps
 def build(p: Params) -> Dashboard:
     sel = selector(p)
     warn, crit = p.throughput_ratio_warning, p.throughput_ratio_critical
-    ratio = (f'min by (region, peer_region) (path:pathprobe_throughput_expected_ratio:last{{{sel}, streams="1", '
-             'direction="send"})')  # fmt: skip
-    rtt = f'max by (region, peer_region) (path:pathprobe_rtt_seconds:p50_5m{{{sel}, protocol="tcp"}})'
-    loss = f'max by (region, peer_region) (path:pathprobe_udp_loss_ratio:rate5m{{{sel}, state="idle"}})'
+    # The region-pair aggregates (rules group pathprobe.region_pairs): what a global Prometheus
+    # holds (docs/fleet.md); a single Prometheus evaluates the same rules.
+    ratio = (
+        "min by (region, peer_region) "
+        '(region_pair:pathprobe_throughput_expected_ratio:min{streams="1", direction="send"})'
+    )
+    rtt = 'region_pair:pathprobe_rtt_seconds:max_p50_5m{protocol="tcp"}'
+    loss = "region_pair:pathprobe_udp_loss_ratio:max_rate5m"
     return (
         dashboard(p, "pathprobe-overview", "pathprobe / Overview",
                   "Every path between regions at a glance: throughput against expected, RTT, loss, firing alerts.")

@@ -438,7 +438,7 @@ def test_a_hierarchical_mesh_probes_and_exports_only_its_links(tmp_path: Path) -
     assert exported == probed
     assert {name.split("-", 1)[1] for name, _ in ex.probers()} == probed
     assert {p.name for p in cfgs["r0-h0"].probed_peers} == probed
-    assert ex.allow_list().allows("198.18.0.3") and not ex.allow_list().allows(
+    assert ex.allowed.allows("198.18.0.3") and not ex.allowed.allows(
         next(str(p.address) for p in cfgs["r0-h0"].peers if p.name not in probed)
     )
 

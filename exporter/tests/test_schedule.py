@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from pathprobe.schedule import Schedule
+from pathprobe.schedule import Schedule, Timetable
 
 
 def hosts(n: int) -> list[str]:
@@ -83,3 +83,49 @@ def test_the_client_of_a_server_is_exactly_whose_turn_it_is(n: int) -> None:
             # At the edges, the grace admits the turn's client a little early and late.
             assert client in s.clients_of(server, turn.start - 0.4, grace=0.5)
             assert client in s.clients_of(server, turn.end + 0.4, grace=0.5)
+
+
+def turns_between(t: Timetable, host: str, start: float, end: float) -> list[tuple[float, float, str, str]]:
+    """(start, end, client, server) of every turn `host` takes as the client in [start, end)."""
+    out, now = [], start
+    while (turn := t.next_turn(host, now)) is not None and turn.start < end:
+        out.append((turn.start, turn.end, host, turn.peer))
+        now = turn.end
+    return out
+
+
+def test_a_rolling_change_of_members_never_puts_a_host_in_two_tests() -> None:
+    """5 hosts run one member list; a 6th joins: each old host reloads the new list at its own
+    time before the epoch, the new one starts fresh. No host is ever in two tests, and every
+    pair of the new mesh meets within one rotation after the epoch."""
+    old, new = Schedule.of(hosts(5), 20), Schedule.of(hosts(6), 20)
+    epoch = 1_000_000 * 20 + 10  # not on a slot boundary: the partial slot is skipped
+    start = epoch - 5 * old.rotation_seconds
+    reloaded_at = {h: epoch - 7 - 13 * i for i, h in enumerate(hosts(5))}
+    intervals = []
+    for h in hosts(5):  # before its reload a host takes the old schedule's turns; after, the timetable's
+        before = Timetable(old)
+        after = before.then(new, epoch, reloaded_at[h])
+        intervals += turns_between(before, h, start, reloaded_at[h])
+        intervals += [i for i in turns_between(after, h, reloaded_at[h], epoch + 2 * new.rotation_seconds)
+                      if i[0] >= reloaded_at[h]]  # fmt: skip
+    fresh = Timetable(new, epoch)  # the new host, started before the epoch
+    joined = turns_between(fresh, "host-005", start, epoch + 2 * new.rotation_seconds)
+    assert joined and min(i[0] for i in joined) >= epoch
+    intervals += joined
+    for h in hosts(6):
+        mine = sorted((s, e) for s, e, client, server in intervals if h in (client, server))
+        assert all(e1 <= s2 for (_, e1), (s2, _) in itertools.pairwise(mine)), h
+    met = {frozenset((c, s)) for b, _, c, s in intervals if epoch <= b < epoch + new.rotation_seconds + 20}
+    assert met == {frozenset(p) for p in itertools.combinations(hosts(6), 2)}
+    assert fresh.clients_of("host-005", epoch - 30, 1.0) == set()  # admitted by no one before the epoch
+
+
+def test_timetables_do_not_pile_up_over_reloads() -> None:
+    t = Timetable(Schedule.of(hosts(3), 20))
+    for k in range(50):
+        t = t.then(Schedule.of(hosts(3 + k % 2), 20), 1000.0 + k, 1000.0 + k)
+    depth = 0
+    while t.before is not None:
+        t, depth = t.before, depth + 1
+    assert depth <= 2

@@ -19,6 +19,10 @@ class AllowList:
         self._hosts = frozenset(n.network_address for n in self.networks if n.num_addresses == 1)
         self._wider = tuple(n for n in self.networks if n.num_addresses > 1)
 
+    def replace(self, other: AllowList) -> None:
+        """Admit what `other` admits from now on (a reload; the responders keep this object)."""
+        self.networks, self._hosts, self._wider = other.networks, other._hosts, other._wider
+
     @classmethod
     def of(cls, cfg: Config) -> AllowList:
         """The peers this host probes and `responders.allow`: whom every responder (and the firewall) admits

@@ -5,6 +5,7 @@ documents each metric; the rules and dashboards depend on these names."""
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Iterator
 
@@ -21,7 +22,7 @@ from . import __version__, ena, instance_types
 from .budget import Budget
 from .config import Config, Peer, ThroughputSettings
 from .probes import REASONS
-from .schedule import Schedule
+from .schedule import Timetable
 from .store import RELATIVE_ACCURACY, STATES, UDP_COUNTS, WINDOW_SECONDS, Store
 
 PEER = ["peer", "peer_region", "path_class"]
@@ -57,22 +58,28 @@ def _counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
 class Collector:
     """Builds the metric families of one exporter from its config, schedule, budget and store."""
 
-    def __init__(self, cfg: Config, schedule: Schedule, budget: Budget, store: Store):
-        self.cfg, self.schedule, self.budget, self.store = cfg, schedule, budget, store
-        self.peers = {p.name: p for p in cfg.peers}
+    def __init__(self, cfg: Config, timetable: Timetable, budget: Budget, store: Store):
+        self.budget, self.store = budget, store
+        self.use(cfg, timetable)
         self.types = instance_types.load()
         self.interface = ena.interface(cfg.host.interface)
+        # Held while collecting and while a reload changes the config, the peers or the store.
+        self.lock = threading.Lock()
+
+    def use(self, cfg: Config, timetable: Timetable) -> None:
+        self.cfg, self.timetable = cfg, timetable
+        self.peers = {p.name: p for p in cfg.peers}
 
     def describe(self) -> list[Metric]:
         return []  # nothing to check at registration: names are fixed here
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._info()
-        yield from self._throughput()
-        yield from self._rtt()
-        yield from self._udp()
-        yield from self._probe_outcomes()
-        yield from self._host()
+        with self.lock:  # a whole scrape from one config (the metrics are built before the first is sent)
+            families = [
+                *self._info(), *self._throughput(), *self._rtt(), *self._udp(), *self._probe_outcomes(),
+                *self._host(),
+            ]  # fmt: skip
+        yield from families
 
     # --- static: from the config
     def _info(self) -> Iterator[Metric]:
@@ -397,7 +404,9 @@ class Collector:
 
     # --- this host: budget, schedule, responders
     def _host(self) -> Iterator[Metric]:
-        s, sched = self.store, self.schedule
+        s = self.store
+        # The schedule in force; before the epoch of a fresh start, the one to come.
+        sched = self.timetable.at(s.clock()) or self.timetable.current
         allowances = ena.read(self.interface)
         if allowances is not None:  # absent, not zero, where the ENA driver is not
             family = _counter(
@@ -447,6 +456,26 @@ class Collector:
         )
         info.add_metric([sched.fingerprint], 1)
         yield info
+        yield _one(
+            GaugeMetricFamily,
+            "pathprobe_schedule_epoch_timestamp_seconds",
+            "When the newest member list's schedule takes (or took) effect: mesh.epoch, or the time of the "
+            "reload that loaded it (0: at start).",
+            self.timetable.epoch,
+        )
+        reloads = _counter(
+            "pathprobe_config_reloads", "Config reloads (SIGHUP, POST /-/reload): failure keeps the running config.",
+            ["result"],
+        )  # fmt: skip
+        for result in ("success", "failure"):
+            reloads.add_metric([result], s.reloads[result])
+        yield reloads
+        yield _one(
+            GaugeMetricFamily,
+            "pathprobe_config_last_reload_successful",
+            "1 when the last reload applied its config (or none was asked for), 0 when it was refused.",
+            float(s.last_reload_ok),
+        )
         yield _one(
             GaugeMetricFamily, "pathprobe_schedule_members", "Hosts in the throughput schedule.", len(sched.members)
         )

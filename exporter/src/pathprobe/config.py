@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AwareDatetime,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -227,6 +228,9 @@ class WebSettings(Strict):
     listen: str = Field(default="0.0.0.0:9469", pattern=r"^(\[[0-9a-fA-F:]+\]|[^:\[\]]*):[0-9]{1,5}$")
     tls: TlsSettings | None = None
     basic_auth: BasicAuth | None = None
+    # POST /-/reload reloads the config, as SIGHUP does (off by default, like Prometheus's
+    # --web.enable-lifecycle: anyone who reaches /metrics could ask for it).
+    enable_lifecycle: bool = False
 
     @field_validator("listen")
     @classmethod
@@ -287,6 +291,10 @@ class MeshSettings(Strict):
 
     rtt: selection.Policy = selection.Policy()  # the RTT, loss and MTU probes
     throughput: selection.Policy | None = None  # the throughput tests; None: as rtt
+    # When this member list starts scheduling throughput tests (ISO 8601 with a zone, or Unix
+    # seconds), the same on every host: a reload before it keeps the old schedule until then,
+    # a fresh start takes no turn until then (schedule.Timetable). None: at once.
+    epoch: AwareDatetime | None = None
 
 
 class Config(Strict):

@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import responders
+from . import config, responders
 from .allow import AllowList
 from .budget import Budget
 from .collector import Collector
@@ -20,9 +21,10 @@ from .config import Config
 from .expected import ExpectedTracker
 from .probes import EchoProber, MtuProber, RttProber, Target
 from .probes.base import RttTee
-from .schedule import Schedule
+from .schedule import Schedule, Timetable
 from .store import Store
 from .turns import ThroughputTurns
+from .yamlfile import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -43,28 +45,98 @@ def host_max_mtu() -> int | None:
 TURN_GRACE_SECONDS = 1.0
 # SIGTERM must stop the exporter within 5 s whatever a task does.
 STOP_SECONDS = 4.0
+# What a reload cannot change: the listening sockets, the iperf3 server and the budget's file
+# are set up once at start (systemctl restart applies them).
+RESTART_ONLY = ("host", "responders", "iperf3", "web", "budget")
+
+
+class ReloadError(Exception):
+    """A new config that cannot replace the running one; the running one is kept."""
+
+
+def schedule_of(cfg: Config) -> Schedule:
+    return Schedule.of([m.name for m in cfg.members], cfg.schedule.slot_seconds, cfg.throughput_pairs)
+
+
+def epoch_of(cfg: Config, now: float = 0.0) -> float:
+    """When `cfg`'s schedule takes effect: mesh.epoch (at the latest `now`), up to the next
+    slot boundary, which every host computes alike (no turn of the old schedule spans it)."""
+    at = max(cfg.mesh.epoch.timestamp() if cfg.mesh.epoch is not None else 0.0, now)
+    return math.ceil(at / cfg.schedule.slot_seconds) * cfg.schedule.slot_seconds
 
 
 class Exporter:
     def __init__(self, cfg: Config, clock: Callable[[], float] = time.time):
-        self.cfg = cfg
-        self.store = Store(clock)
-        self.schedule = Schedule.of([m.name for m in cfg.members], cfg.schedule.slot_seconds, cfg.throughput_pairs)
-        self.budget = Budget(cfg.budget.daily_bytes, cfg.budget.state_file, clock)
-        self.tracker = ExpectedTracker(cfg, self.store)
-        self.turns = ThroughputTurns(cfg, self.store, self.schedule, self.budget, self.tracker, clock)
-        self.collector = Collector(cfg, self.schedule, self.budget, self.store)
-        self.store.load_state = self.load_state
         self.clock = clock
+        self.store = Store(clock)
+        self.store.load_state = self.load_state
+        self.budget = Budget(cfg.budget.daily_bytes, cfg.budget.state_file, clock)
+        self.timetable = Timetable(schedule_of(cfg), epoch_of(cfg))
+        self._configure(cfg, ExpectedTracker(cfg, self.store))
+        self.turns = ThroughputTurns(cfg, self.store, self.timetable, self.budget, self.tracker, clock)
+        self.collector = Collector(cfg, self.timetable, self.budget, self.store)
+        self.allowed = AllowList.of(cfg)  # the responders hold this object: a reload updates it in place
+        self._probing: list[asyncio.Task[None]] = []
+
+    def _configure(self, cfg: Config, tracker: ExpectedTracker) -> None:
+        self.cfg, self.tracker = cfg, tracker
         self._peer_at = {AllowList.normalize(str(p.address)): p.name for p in cfg.probed_peers}
         self._extra_allowed = AllowList(cfg.responders.allow)
-        # How long a half-slot's tests run, as scheduled (the same for the whole run).
+        # How long a half-slot's tests run, as scheduled.
         self.test_seconds = cfg.half_slot_need(with_margin=False)
         for peer in cfg.throughput_peers:
             settings = cfg.throughput_for(peer)
             if settings.enabled:
                 self.tracker.rate_all(peer, settings.tests())
-                self.store.last_turn = clock()
+                if self.store.last_turn is None:
+                    self.store.last_turn = self.clock()
+
+    @property
+    def schedule(self) -> Schedule:
+        """The newest schedule (in force from its epoch)."""
+        return self.timetable.current
+
+    def reload(self, cfg: Config) -> None:
+        """Replace the running config by `cfg`: peers, mesh, probes, schedule and limits; a new
+        member list's schedule takes effect at `mesh.epoch` (at once without one). Raises
+        ReloadError, keeping the running config, when `cfg` changes what only a restart applies."""
+        changed = [name for name in RESTART_ONLY if getattr(cfg, name) != getattr(self.cfg, name)]
+        if changed:
+            raise ReloadError(f"{', '.join(changed)} changed: only a restart applies them; the running config is kept")
+        now = self.clock()
+        self.timetable = self.timetable.then(schedule_of(cfg), epoch_of(cfg, now), now)
+        tracker = ExpectedTracker(cfg, self.store)
+        tracker.windows.update({k: w for k, w in self.tracker.windows.items() if k in tracker.windows})
+        with self.collector.lock:
+            self._configure(cfg, tracker)
+            self.store.forget({p.name for p in cfg.probed_peers})
+            self.collector.use(cfg, self.timetable)
+        self.allowed.replace(AllowList.of(cfg))
+        self.turns.use(cfg, self.timetable, tracker)
+        if self._probing:  # running: the continuous probes restart with the new peers and settings
+            for task in self._probing:
+                task.cancel()
+            self._probing = self._start_probers()
+        log.info("config reloaded: %d peers probed for RTT, %d for throughput; schedule %s from %s",
+                 len(cfg.rtt_peers), len(cfg.throughput_peers), self.timetable.current.fingerprint,
+                 time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.timetable.epoch)))  # fmt: skip
+
+    def reload_from(self, path: str | Path) -> str | None:
+        """Load the config at `path` and reload it (SIGHUP, POST /-/reload): None when applied,
+        else what is wrong with it (logged and counted; the running config is kept)."""
+        try:
+            self.reload(config.load(path, check_files=True))
+        except (ConfigError, ReloadError) as exc:
+            self.store.reloads["failure"] += 1
+            self.store.last_reload_ok = False
+            log.error("config reload refused: %s", exc)
+            return str(exc)
+        self.store.reloads["success"] += 1
+        self.store.last_reload_ok = True
+        return None
+
+    def _start_probers(self) -> list[asyncio.Task[None]]:
+        return [asyncio.create_task(p.run(), name=name) for name, p in self.probers()]
 
     def load_state(self, peer: str, now: float) -> str:
         """RTT samples taken while this host or the peer may be in a throughput test sit
@@ -72,12 +144,10 @@ class Exporter:
         window for both hosts, and for this host also the time its own tests really ran
         (a retried test can run past the window)."""
         active = self.test_seconds
-        if active and (self.schedule.busy(self.cfg.host.name, now, active) or self.schedule.busy(peer, now, active)):
+        busy = self.timetable.busy
+        if active and (busy(self.cfg.host.name, now, active) or busy(peer, now, active)):
             return "loaded"
         return "loaded" if self.turns.testing(now) else "idle"
-
-    def allow_list(self) -> AllowList:
-        return AllowList.of(self.cfg)
 
     def iperf3_admission(self, address: str) -> str:
         """Whether a test from `address` may run on this host's iperf3 server now: "ok",
@@ -88,7 +158,7 @@ class Exporter:
             return "ok" if self._extra_allowed.allows(address) else "not_allowed"
         if self.cfg.iperf3.admit == "peers":
             return "ok"
-        clients = self.schedule.clients_of(self.cfg.host.name, self.clock(), TURN_GRACE_SECONDS)
+        clients = self.timetable.clients_of(self.cfg.host.name, self.clock(), TURN_GRACE_SECONDS)
         return "ok" if peer in clients or self._extra_allowed.allows(address) else "out_of_turn"
 
     def probers(self) -> list[tuple[str, RttProber | EchoProber | MtuProber]]:
@@ -124,14 +194,16 @@ class Exporter:
         """Run until `stop` is set; raises responders.ResponderError when a port is taken."""
         s = self.store
         running = await responders.start(
-            self.cfg.responders, self.cfg.iperf3, self.allow_list(), s.count_request, s.set_iperf3_up,
+            self.cfg.responders, self.cfg.iperf3, self.allowed, s.count_request, s.set_iperf3_up,
             s.iperf3_restarted, self.iperf3_admission,
         )  # fmt: skip
-        tasks = [asyncio.create_task(p.run(), name=name) for name, p in self.probers()]
-        tasks.append(asyncio.create_task(self.turns.run(stop), name="throughput"))
+        self._probing = self._start_probers()
+        turns = asyncio.create_task(self.turns.run(stop), name="throughput")
         try:
             await stop.wait()
         finally:
+            tasks = [*self._probing, turns]
+            self._probing = []
             for t in tasks:
                 t.cancel()
             _, stuck = await asyncio.wait(tasks, timeout=STOP_SECONDS)

@@ -130,3 +130,51 @@ class Schedule:
             if t is not None and t.end > now:
                 return t
         return None
+
+
+@dataclass(frozen=True)
+class Timetable:
+    """The schedule in force at any time across member-list changes: `current` from `epoch`,
+    before it what was in force then (`before`: the timetable a reload replaced; None on a
+    fresh start, when this host takes and admits no test until `epoch`). A turn of the old
+    schedule that would end after the epoch is not taken, nor a turn of the new one that
+    starts before it: every host that loaded the new member list before the epoch switches
+    at the same instant, so that no host is in two tests during a rolling change."""
+
+    current: Schedule
+    epoch: float = 0.0
+    before: Timetable | None = None
+
+    def then(self, schedule: Schedule, epoch: float, now: float) -> Timetable:
+        """This timetable with `schedule` in force from `epoch`. What is no longer in force
+        at `now` is dropped, so reloads do not pile up."""
+        kept = self if self.epoch > now else Timetable(self.current, self.epoch)
+        return Timetable(schedule, epoch, kept)
+
+    def at(self, now: float) -> Schedule | None:
+        """The schedule in force at `now` (None: none yet)."""
+        if now >= self.epoch:
+            return self.current
+        return self.before.at(now) if self.before is not None else None
+
+    def next_turn(self, host: str, now: float) -> Turn | None:
+        if now < self.epoch and self.before is not None:
+            turn = self.before.next_turn(host, now)
+            if turn is not None and turn.end <= self.epoch:
+                return turn
+        turn = self.current.next_turn(host, max(now, self.epoch))
+        while turn is not None and turn.start < self.epoch:
+            turn = self.current.next_turn(host, turn.end)
+        return turn
+
+    def busy(self, host: str, now: float, active_seconds: float) -> bool:
+        schedule = self.at(now)
+        return schedule is not None and schedule.busy(host, now, active_seconds)
+
+    def clients_of(self, server: str, now: float, grace: float) -> set[str]:
+        # Both sides of an epoch within `grace`: a client whose clock is a little ahead starts early.
+        found: set[str] = set()
+        for schedule in {self.at(now - grace), self.at(now + grace)} - {None}:
+            assert schedule is not None
+            found |= schedule.clients_of(server, now, grace)
+        return found

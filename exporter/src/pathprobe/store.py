@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ddsketch import DDSketch
 
@@ -122,6 +123,21 @@ class Store:
     allowance_rises: dict[TestKey, dict[str, int]] = field(default_factory=dict)
     iperf3_server_up: bool = False
     iperf3_server_restarts: int = 0
+    reloads: Counter[str] = field(default_factory=Counter)  # success, failure
+    last_reload_ok: bool = True
+
+    def forget(self, peers: set[str]) -> None:
+        """Drop what was measured for peers no longer probed (a reload), so that /metrics stops
+        showing them."""
+        tables: list[tuple[dict[Any, Any], Callable[[Any], str]]] = [
+            *((t, lambda key: key[0]) for t in (self.throughput, self.expected, self.skipped, self.rtt, self.udp,
+                                                 self.flows_failing, self.mtu, self.allowance_rises)),
+            *((t, lambda key: key) for t in (self.udp_jitter, self.worst_flow_loss, self.lost_by_direction)),
+            *((t, lambda key: key[1]) for t in (self.runs, self.last_success, self.bytes_sent)),  # (probe, peer, ...)
+        ]  # fmt: skip
+        for table, peer_of in tables:
+            for key in [k for k in table if peer_of(k) not in peers]:
+                del table[key]
 
     # --- writers
     def success(self, probe: str, peer: str) -> None:

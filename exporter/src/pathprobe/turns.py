@@ -16,7 +16,7 @@ from .config import Config, Peer, ThroughputSettings
 from .expected import ExpectedTracker
 from .probes import ProbeFailure, ThroughputProber, ThroughputTest
 from .probes.steady import Detector
-from .schedule import Schedule
+from .schedule import Timetable
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -28,11 +28,11 @@ CLOCK_CHECK_SECONDS = 5.0
 
 
 class ThroughputTurns:
-    def __init__(self, cfg: Config, store: Store, schedule: Schedule, budget: Budget, tracker: ExpectedTracker,
+    def __init__(self, cfg: Config, store: Store, timetable: Timetable, budget: Budget, tracker: ExpectedTracker,
                  clock: Callable[[], float]):  # fmt: skip
-        self.cfg, self.store, self.schedule, self.budget, self.tracker = cfg, store, schedule, budget, tracker
-        self.clock = clock
-        self.peers = {p.name: p for p in cfg.peers}
+        self.store, self.budget, self.clock = store, budget, clock
+        self._take(cfg, timetable, tracker)
+        self._next: tuple[Config, Timetable, ExpectedTracker] | None = None
         self.prober = ThroughputProber(cfg.iperf3.binary, cfg.schedule.timeout_margin_seconds)
         self._last_bytes: dict[tuple[str, tuple[str, str, str]], int] = {}
         self.interface = ena.interface(cfg.host.interface)
@@ -40,6 +40,14 @@ class ThroughputTurns:
         # then are "loaded" even where a retried test ran past the schedule's window.
         self._running_since: float | None = None
         self._ran: collections.deque[tuple[float, float]] = collections.deque(maxlen=8)
+
+    def _take(self, cfg: Config, timetable: Timetable, tracker: ExpectedTracker) -> None:
+        self.cfg, self.timetable, self.tracker = cfg, timetable, tracker
+        self.peers = {p.name: p for p in cfg.peers}
+
+    def use(self, cfg: Config, timetable: Timetable, tracker: ExpectedTracker) -> None:
+        """A reload: the next turn is planned with these (a turn under way ends as planned)."""
+        self._next = (cfg, timetable, tracker)
 
     def testing(self, at: float) -> bool:
         """Whether this host was in one of its own tests at `at` (or just after one)."""
@@ -52,18 +60,23 @@ class ThroughputTurns:
         fails unexpectedly is logged and counted (pathprobe_schedule_turn_errors_total)
         and the next turn is taken as usual."""
         host = self.cfg.host.name
-        taken: int | None = None  # the slot of the last turn taken: never take a turn twice
+        # The last turn taken (a slot's number changes with its length on a reload): never take a turn twice.
+        taken: tuple[float, str] | None = None
         while not stop.is_set():
-            turn = self.schedule.next_turn(host, self.clock())
-            if turn is None:
-                return
-            if turn.slot == taken:  # its tests are done (or the clock was stepped back into it)
+            if self._next is not None:
+                self._take(*self._next)
+                self._next = None
+            turn = self.timetable.next_turn(host, self.clock())
+            if turn is None:  # no throughput peer: nothing to do until a reload brings one
+                await self._sleep_until(float("inf"))
+                continue
+            if (turn.start, turn.peer) == taken:  # its tests are done (or the clock was stepped back into it)
                 await self._sleep_until(turn.end)
                 continue
             peer = self.peers[turn.peer]
             if not await self._sleep_until(turn.start + random.uniform(0, self.cfg.schedule.jitter_seconds)):
                 continue
-            taken = turn.slot
+            taken = (turn.start, turn.peer)
             settings = self.cfg.throughput_for(peer)
             if settings.enabled:
                 self.store.schedule_turns += 1
@@ -78,10 +91,12 @@ class ThroughputTurns:
         """Wait until the wall clock reads `when`, reading it at least every
         CLOCK_CHECK_SECONDS: a clock stepped forward ends the wait at the next read, one
         stepped back (the time left grew) too, returning False: the caller then takes the
-        schedule from the new time instead of waiting out the step."""
+        schedule from the new time instead of waiting out the step; so does a reload."""
         left = when - self.clock()
         while left > 0:
             await asyncio.sleep(min(left, CLOCK_CHECK_SECONDS))
+            if self._next is not None:  # a reload: plan again with the new timetable
+                return False
             now_left = when - self.clock()
             if now_left > left:
                 log.warning("the clock stepped back %.3g s: taking the schedule from the new time", now_left - left)
@@ -105,7 +120,7 @@ class ThroughputTurns:
                     break
                 before = await asyncio.to_thread(ena.read, self.interface)
                 try:
-                    with self._in_test():
+                    with self._in_test(peer.name, key):
                         result = await self.prober.run(test)
                 except ProbeFailure as exc:
                     self.store.failure("throughput", peer.name, exc.reason)
@@ -129,13 +144,16 @@ class ThroughputTurns:
                 break
 
     @contextlib.contextmanager
-    def _in_test(self) -> Iterator[None]:
+    def _in_test(self, peer: str, key: tuple[str, str, str]) -> Iterator[None]:
+        # The test's span in the log (Unix seconds): when it held this host and the peer.
         self._running_since = started = self.clock()
         try:
             yield
         finally:
             self._running_since = None
-            self._ran.append((started, self.clock() + DRAIN_SECONDS))
+            ended = self.clock()
+            self._ran.append((started, ended + DRAIN_SECONDS))
+            log.info("throughput test -> %s %s: from %.3f to %.3f", peer, "/".join(key), started, ended)
 
     def test(self, peer: Peer, s: ThroughputSettings, key: tuple[str, str, str]) -> ThroughputTest:
         protocol, streams, direction = key

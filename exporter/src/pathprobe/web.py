@@ -145,8 +145,12 @@ LANDING = b"""<html><head><title>pathprobe</title></head><body><h1>pathprobe</h1
 MAX_AUTHORIZATION = 1024
 
 
+# Answers a reload: None when the new config was applied, else what is wrong with it.
+Reload = Callable[[], "str | None"]
+
+
 def make_app(
-    snapshot: Snapshot, basic_auth: tuple[str, str] | None
+    snapshot: Snapshot, basic_auth: tuple[str, str] | None, reload: Reload | None = None
 ) -> Callable[[dict[str, Any], StartResponse], Iterable[bytes]]:
     expected = None
     if basic_auth:
@@ -181,6 +185,20 @@ def make_app(
         if path == "/":
             start_response("200 OK", [("Content-Type", "text/html")])
             return [LANDING]
+        if path == "/-/reload":
+            text = [("Content-Type", "text/plain")]
+            if reload is None:
+                start_response("403 Forbidden", text)
+                return [b"Lifecycle API is not enabled (web.enable_lifecycle).\n"]
+            if environ.get("REQUEST_METHOD") not in ("POST", "PUT"):
+                start_response("405 Method Not Allowed", [*text, ("Allow", "POST, PUT")])
+                return [b"Only POST or PUT requests allowed.\n"]
+            problem = reload()
+            if problem is not None:  # as Prometheus answers a failed reload
+                start_response("500 Internal Server Error", text)
+                return [f"failed to reload config: {problem}\n".encode()]
+            start_response("200 OK", text)
+            return [b"config reloaded\n"]
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"Not found\n"]
 
@@ -306,6 +324,7 @@ def serve(
     settings: WebSettings,
     registry: CollectorRegistry,
     *,
+    reload: Reload | None = None,
     io_timeout: float = 10.0,
     deadline: float = 60.0,
     max_workers: int = 64,
@@ -322,7 +341,8 @@ def serve(
     host, port = settings.address()
     server_class = _Server6 if ":" in host else _Server
     stats = Stats()
-    server = make_server(host, port, make_app(Snapshot(registry, stats=stats), auth), server_class, _QuietHandler)
+    app = make_app(Snapshot(registry, stats=stats), auth, reload if settings.enable_lifecycle else None)
+    server = make_server(host, port, app, server_class, _QuietHandler)
     assert isinstance(server, _Server)
     server.ssl_context = ctx
     server.configure(stats, io_timeout, deadline, max_workers)

@@ -1,12 +1,17 @@
-"""`pathprobe alerts render`: the recording and alerting rules from the parameters."""
+"""`pathprobe alerts render`: the recording and alerting rules from the parameters;
+`pathprobe alerts prometheus-config`: a Prometheus server's config in one of the layouts."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from typing import Any
 
-from ..monitoring import params, rules
-from .common import write_output
+import yaml
+
+from ..monitoring import params, prometheus, rules
+from .common import EXIT_BAD_INPUT, write_output
 
 
 def add_parser(sub: Any) -> None:
@@ -15,6 +20,33 @@ def add_parser(sub: Any) -> None:
     ar.add_argument("--params", help="YAML of parameters (see alerts/README.md); default: the defaults")
     ar.add_argument("--out", help="file to write (atomically); default: standard output")
     ar.set_defaults(func=cmd_render)
+    ap = al.add_parser("prometheus-config",
+                       help="write prometheus.yml for one server of a layout: single, regional or global")  # fmt: skip
+    ap.add_argument("--layout", choices=["single", "regional", "global"], default="single")
+    ap.add_argument("--file-sd", help="file_sd file of the exporters this server scrapes (single, regional)")
+    ap.add_argument("--rules", action="append", default=[], help="a rule file (repeat)")
+    ap.add_argument("--alertmanager", action="append", default=[], help="HOST:PORT of an Alertmanager (repeat)")
+    ap.add_argument("--remote-write-url", help="the global Prometheus's /api/v1/write (regional)")
+    ap.add_argument("--external-label", action="append", default=[], metavar="NAME=VALUE",
+                    help="an external label of this server, e.g. prometheus=regional-tokyo (repeat)")  # fmt: skip
+    ap.add_argument("--interval", default="1m", help="scrape and evaluation interval")
+    ap.add_argument("--scrape-json", help="JSON added to the pathprobe scrape job (scheme, tls_config, basic_auth)")
+    ap.add_argument("--out", help="file to write (atomically); default: standard output")
+    ap.set_defaults(func=cmd_prometheus_config)
+
+
+def cmd_prometheus_config(args: argparse.Namespace) -> int:
+    labels = dict(label.partition("=")[::2] for label in args.external_label)
+    try:
+        scrape = json.loads(args.scrape_json) if args.scrape_json else None
+        cfg = prometheus.render(
+            args.layout, file_sd=args.file_sd, rule_files=args.rules, alertmanagers=args.alertmanager,
+            remote_write_url=args.remote_write_url, external_labels=labels, interval=args.interval, scrape=scrape,
+        )  # fmt: skip
+    except (ValueError, json.JSONDecodeError) as exc:
+        print(f"pathprobe alerts prometheus-config: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return write_output(yaml.safe_dump(cfg, sort_keys=False), args.out)
 
 
 def cmd_render(args: argparse.Namespace) -> int:

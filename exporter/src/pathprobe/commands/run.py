@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import shutil
+import signal
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -72,11 +75,39 @@ def local_port_range() -> int | None:
     return high - low + 1
 
 
+def notify_systemd(state: str) -> None:
+    """sd_notify(3) for Type=notify units: a datagram to $NOTIFY_SOCKET (absent: not under systemd)."""
+    path = os.environ.get("NOTIFY_SOCKET")
+    if not path:
+        return
+    address = "\0" + path[1:] if path.startswith("@") else path  # "@": an abstract socket
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.sendto(state.encode(), address)
+    except OSError as exc:
+        log.warning("cannot tell systemd %s: %s", state, exc)
+
+
+# How long POST /-/reload waits for the event loop to apply a config.
+RELOAD_WAIT_SECONDS = 30.0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = config.load(args.config, check_files=True)
     exporter = Exporter(cfg)
+    running: list[asyncio.AbstractEventLoop] = []
+
+    def reload_from_web() -> str | None:  # on a web worker thread: the reload itself runs on the loop
+        if not running:
+            return "the exporter is still starting"
+
+        async def on_loop() -> str | None:
+            return exporter.reload_from(args.config)
+
+        return asyncio.run_coroutine_threadsafe(on_loop(), running[0]).result(RELOAD_WAIT_SECONDS)
+
     try:
-        server = serve(cfg.web, registry(exporter.collector))
+        server = serve(cfg.web, registry(exporter.collector), reload=reload_from_web)
     except OSError as exc:  # a taken port, an unusable certificate (ssl.SSLError)
         print(f"pathprobe: cannot serve /metrics on {cfg.web.listen}: {exc}", file=sys.stderr)
         return EXIT_PROBE_FAILED
@@ -85,6 +116,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     async def run() -> None:
         stop = asyncio.Event()
         await stop_on_signals(stop)
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGHUP, exporter.reload_from, args.config)
+        running.append(loop)
+        notify_systemd("READY=1")
         await exporter.run(stop)
 
     try:

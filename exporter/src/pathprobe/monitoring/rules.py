@@ -25,6 +25,10 @@ BINDING = (
 # Labels that identify one measured path on one exporter (target labels + peer side).
 PATH = "instance, peer"
 TEST = "instance, peer, protocol, streams, direction"
+# One ordered pair of regions (the source's target label, the peer's): what the global view keeps.
+REGION_PAIR = "region, peer_region"
+# The series a regional Prometheus sends to the global one (remote write), and nothing per host.
+REGION_PAIR_SERIES = "region_pair:.+"
 
 
 def _alert(name: str, expr: str, severity: str, summary: str, description: str, p: Params,
@@ -83,6 +87,27 @@ def render(p: Params) -> dict[str, Any]:
          # A 30-minute step by default: the median over days needs no finer grain, and a query stays small.
          "expr": f"quantile_over_time(0.5, path:pathprobe_rtt_seconds:p50_5m"
                  f"[{p.rtt_baseline_window}:{p.rtt_baseline_step}])"},
+    ]  # fmt: skip
+    # The global view (docs/fleet.md): per ordered region pair, from every path between them
+    # that this Prometheus scrapes. A regional Prometheus scrapes its region's exporters, so it
+    # holds every pair whose source is its region; it remote-writes these to the global one.
+    # The worst path of each pair (a mean over paths would hide the one broken path).
+    idle, test = 'state="idle"', f"{REGION_PAIR}, protocol, streams, direction"
+    region_pairs = [
+        {"record": "region_pair:pathprobe_paths:count",
+         "expr": f"count by ({REGION_PAIR}) (pathprobe_peer_info{{{sel}}})"},
+        {"record": "region_pair:pathprobe_throughput_expected_ratio:min",
+         "expr": f"min by ({test}) (path:pathprobe_throughput_expected_ratio:last)"},
+        {"record": "region_pair:pathprobe_throughput_bits_per_second:max",
+         "expr": f"max by ({test}) (path:pathprobe_throughput_bits_per_second:last)"},
+        {"record": "region_pair:pathprobe_throughput_last_test_timestamp_seconds:max",
+         "expr": f"max by ({REGION_PAIR}) (path:pathprobe_throughput_last_test_timestamp_seconds:last)"},
+        {"record": "region_pair:pathprobe_rtt_seconds:max_p50_5m",
+         "expr": f"max by ({REGION_PAIR}, protocol) (path:pathprobe_rtt_seconds:p50_5m)"},
+        {"record": "region_pair:pathprobe_rtt_seconds:max_p99_5m",
+         "expr": f"max by ({REGION_PAIR}, protocol) (path:pathprobe_rtt_seconds:p99_5m)"},
+        {"record": "region_pair:pathprobe_udp_loss_ratio:max_rate5m",
+         "expr": f"max by ({REGION_PAIR}) (path:pathprobe_udp_loss_ratio:rate5m{{{idle}}})"},
     ]  # fmt: skip
     ratio = "path:pathprobe_throughput_expected_ratio:last"
     two_tests = (f"and on ({TEST})\nchanges(path:pathprobe_throughput_last_test_timestamp_seconds:last{{{sel}}}"
@@ -218,6 +243,7 @@ def render(p: Params) -> dict[str, Any]:
         "groups": [
             {"name": "pathprobe.recording", "interval": p.evaluation_interval, "rules": recording},
             {"name": "pathprobe.baseline", "interval": "5m", "rules": baseline},
+            {"name": "pathprobe.region_pairs", "interval": p.evaluation_interval, "rules": region_pairs},
             {"name": "pathprobe.alerts", "interval": p.evaluation_interval, "rules": alerts},
         ]
     }

@@ -1,0 +1,147 @@
+"""A real `pathprobe run` reloads its config on SIGHUP and POST /-/reload: a new member list
+takes effect, a bad one is refused with its file:line and counted, and the exporter keeps
+running on the old one."""
+
+import http.client
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def request(port: int, method: str, path: str) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request(method, path)
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode()
+    finally:
+        conn.close()
+
+
+def samples(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    status, text = request(port, "GET", "/metrics")
+    assert status == 200
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def peers_shown(got: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> set[str]:
+    return {dict(labels)["peer"] for name, labels in got if name == "pathprobe_peer_info"}
+
+
+def wait_for(port: int, what: str, check: object, seconds: float = 20) -> dict:
+    """Scrape until `check(samples)` holds (/metrics is a snapshot refreshed in the background)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            got = samples(port)
+            if check(got):  # type: ignore[operator]
+                return got
+        except (ConnectionError, OSError):
+            got = {}
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {seconds} s: {what}; last scrape: {sorted(n for n, _ in got)[:20]}")
+        time.sleep(0.2)
+
+
+class Exporter:
+    def __init__(self, tmp_path: Path):
+        self.path = tmp_path / "pathprobe.yaml"
+        self.web = free_port()
+        self.base = {
+            "host": {"name": "a", "address": "127.0.0.1", "region": "r1"},
+            "peers": [{"name": "b", "address": "127.0.0.2", "region": "r2", "path_class": "inter_region"}],
+            "probes": {"throughput": {"enabled": False}, "rtt": {"interval_seconds": 0.5}, "loss": {"rate_pps": 2}},
+            "responders": {"listen": "127.0.0.1", "rr_port": free_port(), "echo_port": free_port()},
+            "iperf3": {"port": free_port()},
+            "web": {"listen": f"127.0.0.1:{self.web}", "enable_lifecycle": True},
+            "budget": {"state_file": str(tmp_path / "budget.json")},
+        }
+
+    def write(self, changes: dict) -> None:
+        self.path.write_text(yaml.safe_dump(self.base | changes, sort_keys=False))
+
+
+@pytest.fixture
+def exporter(tmp_path: Path) -> Iterator[tuple[Exporter, subprocess.Popen[str]]]:
+    ex = Exporter(tmp_path)
+    ex.write({})
+    proc = subprocess.Popen([sys.executable, "-m", "pathprobe", "run", "--config", str(ex.path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait_for(ex.web, "first scrape", lambda got: peers_shown(got) == {"b"})
+        yield ex, proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+        assert proc.returncode == 0, err[-2000:]
+        assert "Traceback" not in err, err[-3000:]
+
+
+def test_sighup_applies_a_new_member_list_and_drops_the_removed_peer(
+    exporter: tuple[Exporter, subprocess.Popen[str]],
+) -> None:
+    ex, proc = exporter
+    c = {"name": "c", "address": "127.0.0.3", "region": "r2", "path_class": "inter_region"}
+    ex.write({"peers": [c]})
+    proc.send_signal(signal.SIGHUP)
+    got = wait_for(ex.web, "peer c instead of b", lambda got: peers_shown(got) == {"c"})
+    assert got["pathprobe_config_reloads_total", frozenset({("result", "success")})] == 1
+    assert got["pathprobe_config_last_reload_successful", frozenset()] == 1
+    # c is probed (its RTT probes fail: nothing answers on 127.0.0.3), b's series are gone
+    wait_for(ex.web, "c's RTT probes counted", lambda got: any(
+        n == "pathprobe_probe_runs_total" and ("peer", "c") in ls and ("probe", "rtt") in ls and v > 0
+        for (n, ls), v in got.items()
+    ))  # fmt: skip
+    assert not [ls for _, ls in samples(ex.web) if ("peer", "b") in ls]
+    assert proc.poll() is None
+
+
+def test_a_bad_config_is_refused_with_its_place_counted_and_the_old_one_kept(
+    exporter: tuple[Exporter, subprocess.Popen[str]],
+) -> None:
+    ex, proc = exporter
+    ex.write({"probes": {"rtt": {"interval_seconds": -1}}})
+    status, body = request(ex.web, "POST", "/-/reload")
+    assert status == 500 and "probes.rtt.interval_seconds" in body and f"{ex.path}:" in body, body
+    ex.write({"web": {"listen": f"127.0.0.1:{free_port()}", "enable_lifecycle": True}})
+    status, body = request(ex.web, "POST", "/-/reload")
+    assert status == 500 and "web changed: only a restart applies them" in body, body
+    got = wait_for(ex.web, "two failed reloads", lambda got: got.get(
+        ("pathprobe_config_reloads_total", frozenset({("result", "failure")}))) == 2)  # fmt: skip
+    assert got["pathprobe_config_last_reload_successful", frozenset()] == 0
+    assert peers_shown(got) == {"b"}
+    assert request(ex.web, "GET", "/-/reload")[0] == 405
+    ex.write({})  # the good config again: the next reload succeeds
+    assert request(ex.web, "POST", "/-/reload") == (200, "config reloaded\n")
+    assert proc.poll() is None
+
+
+def test_the_reload_endpoint_is_off_unless_enabled(tmp_path: Path) -> None:
+    ex = Exporter(tmp_path)
+    ex.write({"web": {"listen": f"127.0.0.1:{ex.web}"}})
+    proc = subprocess.Popen([sys.executable, "-m", "pathprobe", "run", "--config", str(ex.path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait_for(ex.web, "first scrape", lambda got: peers_shown(got) == {"b"})
+        assert request(ex.web, "POST", "/-/reload")[0] == 403
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=15)
