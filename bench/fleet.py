@@ -6,8 +6,8 @@ the daily byte budget, 50 GB by default, stops a host).
 
 Run: .venv/bin/python bench/fleet.py [--slot-seconds 120] [--test-gb 0.6] [--tests-per-turn 2]   (a few seconds)
 
-Assumptions, stated: 93 series per peer and 100 per host (bench/exporter_bench.py measured
-46,663 exposition lines at 500 peers, default probes); RTT and UDP echo at 10/s each per peer
+Series per peer and per host are measured on the exporter's own collector (`series_model`,
+default probes: printed first); RTT and UDP echo at 10/s each per peer
 (the defaults); a global Prometheus that receives only the region-pair recording rules
 (alerts/pathprobe.rules.yml, group pathprobe.region_pairs), 11 series per ordered region pair
 with the default two tests per path; hosts spread evenly over regions and three zones per region.
@@ -21,19 +21,86 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "exporter" / "src"))
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pathprobe.collector import registry
+from pathprobe.config import Config
+from pathprobe.exporter import Exporter
 from pathprobe.mesh import Member, Policy, links
+from pathprobe.probes import ThroughputResult
 from pathprobe.schedule import Schedule
+from pathprobe.store import STATES
 
 # Global view per ordered region pair (intra-region pairs too), default tests (tcp x1 and x8 send):
 # paths 1 + ratio 2 + rate 2 + last test 1 + RTT p50 and p99 of tcp and udp 4 + loss 1 (rules.py).
-SERIES_PER_PEER, SERIES_PER_HOST, GLOBAL_PER_REGION_PAIR = 93, 100, 11
+GLOBAL_PER_REGION_PAIR = 11
 RTT_PER_SECOND = 10
 FLEETS = ((50, 5), (200, 12), (1000, 30))
-POLICIES = {"full_mesh": Policy(), "hierarchical k=2": Policy(kind="hierarchical", scope="region", representatives=2),
-            "hierarchical zone k=1": Policy(kind="hierarchical", scope="zone", representatives=1)}  # fmt: skip
+HIER2 = Policy(kind="hierarchical", scope="region", representatives=2)
+# name: (policy, peers outside the region exported compact: mesh.compact_outside)
+POLICIES = {"full_mesh": (Policy(), False), "full_mesh, compact outside region": (Policy(), True),
+            "hierarchical k=2": (HIER2, False),
+            "hierarchical k=2, compact outside region": (HIER2, True),
+            "hierarchical zone k=1": (Policy(kind="hierarchical", scope="zone", representatives=1), False)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SeriesModel:
+    """Series of one exporter: `base` of its own, `full` per peer, `compact` per compact peer."""
+
+    base: int
+    full: int
+    compact: int
+
+    def per_host(self, full_peers: int, compact_peers: int = 0) -> int:
+        return self.base + self.full * full_peers + self.compact * compact_peers
+
+
+def series_model(probes: dict | None = None) -> SeriesModel:
+    """Measured on the real collector, not assumed: an exporter with one peer in its region and
+    one outside it (compact), its store filled as healthy probing fills it (every test of
+    `probes` run, RTT and echo samples in both states, every MTU size carried)."""
+    sides = [("near", "a", "intra_region"), ("far", "b", "inter_region")]
+    peers = [{"name": name, "address": f"127.0.0.{i + 2}", "region": region, "path_class": cls}
+             for i, (name, region, cls) in enumerate(sides)]  # fmt: skip
+    cfg = Config.model_validate({
+        "host": {"name": "me", "address": "127.0.0.1", "region": "a"}, "peers": peers, "probes": probes or {},
+        "mesh": {"compact_outside": "region"}, "budget": {"state_file": "/nonexistent/budget.json"},
+        "tcp_rmem_max_bytes": 6291456, "tcp_wmem_max_bytes": 4194304, "tcp_window_share": 0.5,
+    })  # fmt: skip
+    ex = Exporter(cfg)
+    s = ex.store
+    states = STATES if cfg.half_slot_need(with_margin=False) else ("idle",)  # "loaded": only beside tests
+    for peer in cfg.peers:
+        for state in states:
+            s.load_state = lambda _peer, _now, state=state: state
+            for protocol in ("tcp", "udp") if cfg.probes.loss.enabled else ("tcp",):
+                s.observe_rtt(peer.name, protocol, 0.01)
+        t = cfg.throughput_for(peer)
+        for key in t.tests() if t.enabled else []:
+            result = ThroughputResult(key[0], int(key[1]), key[2], 5, 1, None, None, 6e8, 6e8, 3 * 10**9,
+                                      retransmits=0, timestamp=1.0)  # fmt: skip
+            s.record_throughput((peer.name, *key), result)
+        for probe in ("rtt", "loss"):
+            s.success(probe, peer.name)
+            s.bytes_sent[probe, peer.name] += 1
+        s.udp_jitter[peer.name], s.worst_flow_loss[peer.name] = 0.0, 0.0
+        s.lost_by_direction[peer.name] = (0, 0)
+        if cfg.probes.mtu.enabled:
+            for size in cfg.probes.mtu.sizes_for(peer.path_class.value):
+                s.mtu[peer.name, size] = (True, 1.0)
+                s.success("mtu", peer.name)
+    text = generate_latest(registry(ex.collector)).decode()
+    count = {"near": 0, "far": 0, "": 0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            count[sample.labels.get("peer", "") if sample.labels.get("peer") in count else ""] += 1
+    return SeriesModel(count[""], count["near"], count["far"])
 
 
 def fleet(hosts: int, regions: int) -> list[Member]:
@@ -41,15 +108,25 @@ def fleet(hosts: int, regions: int) -> list[Member]:
             for i in range(hosts)]  # fmt: skip
 
 
-def row(hosts: int, regions: int, name: str, policy: Policy, args: argparse.Namespace) -> list[str]:
+def row(hosts: int, regions: int, name: str, args: argparse.Namespace, model: SeriesModel) -> list[str]:
+    policy, compact = POLICIES[name]
     members = fleet(hosts, regions)
     pairs = links(members, policy)
+    region = {m.name: m.region for m in members}
     degree: dict[str, int] = defaultdict(int)
+    remote: dict[str, int] = defaultdict(int)  # links to other regions
     for a, b in pairs:
         degree[a] += 1
         degree[b] += 1
-    region = {m.name: m.region for m in members}
-    per_host = {m.name: SERIES_PER_HOST + SERIES_PER_PEER * degree[m.name] for m in members}
+        if region[a] != region[b]:
+            remote[a] += 1
+            remote[b] += 1
+    per_host = {
+        m.name: model.per_host(degree[m.name] - remote[m.name], remote[m.name])
+        if compact
+        else model.per_host(degree[m.name])
+        for m in members
+    }
     per_region: dict[str, int] = defaultdict(int)
     for m in members:
         per_region[m.region] += per_host[m.name]
@@ -79,7 +156,12 @@ def main() -> int:
     head = ["hosts", "regions", "policy", "peers/host mean/max", "RTT probes/s (max host)", "series/host (max)",
             "series/regional Prometheus (max)", "series, global view", "throughput rotation", "probe bytes/day/host",
             "notes"]  # fmt: skip
-    rows = [row(h, r, name, p, args) for h, r in FLEETS for name, p in POLICIES.items()]
+    model = series_model()
+    print(
+        f"series per exporter (measured on the collector, default probes): {model.base} of its own, "
+        f"{model.full} per peer, {model.compact} per compact peer (mesh.compact_outside)\n"
+    )
+    rows = [row(h, r, name, args, model) for h, r in FLEETS for name in POLICIES]
     print("| " + " | ".join(head) + " |")
     print("|" + " --- |" * len(head))
     for r in rows:

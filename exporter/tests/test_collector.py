@@ -456,3 +456,34 @@ def test_a_sampled_throughput_mesh_schedules_only_its_links_and_no_host_twice(tm
         assert len(busy) == len(set(busy))
     # A full mesh would need 11 rounds; this one needs the largest degree (3 in-region + up to 2 out).
     assert len(s.rounds) < 11
+
+
+def test_compact_peers_export_what_the_rules_read_and_fewer_series(tmp_path: Path) -> None:
+    cfg = fleet_config(tmp_path, "r0-h0")
+    cfg = cfg.model_copy(update={"mesh": cfg.mesh.model_copy(update={"compact_outside": "region"})})
+    ex = Exporter(cfg)
+    remote = next(p.name for p in cfg.rtt_peers if p.region != "r0")
+    local = next(p.name for p in cfg.rtt_peers if p.region == "r0")
+    assert cfg.compact_peers == {p.name for p in cfg.peers if p.region != "r0"}
+    for name in (remote, local):
+        for state in ("idle", "loaded"):
+            ex.store.load_state = lambda peer, now, state=state: state
+            for protocol in ("tcp", "udp"):
+                for ms in range(1, 50):
+                    ex.store.observe_rtt(name, protocol, ms / 1000)
+        ex.store.success("rtt", name)
+    got = samples(ex)
+
+    def series(peer: str) -> set[tuple[str, frozenset[tuple[str, str]]]]:
+        return {(n, frozenset(ls)) for n, ls in got if ("peer", peer) in ls}
+
+    assert len(series(remote)) < len(series(local)) / 2, (len(series(remote)), len(series(local)))
+    # what the rules read is there
+    assert value(got, "pathprobe_rtt_seconds", peer=remote, protocol="tcp", state="idle", quantile="0.99") > 0
+    assert value(got, "pathprobe_rtt_seconds", peer=remote, protocol="tcp", state="idle", quantile="0.5") > 0
+    assert value(got, "pathprobe_udp_packets_sent_total", peer=remote, state="idle") == 0
+    assert value(got, "pathprobe_udp_packets_lost_total", peer=remote, state="idle") == 0
+    assert value(got, "pathprobe_probe_runs_total", peer=remote, probe="rtt", result="ok") == 1
+    # and not the rest
+    assert not [ls for n, ls in series(remote) if ("state", "loaded") in ls or ("quantile", "0.9") in ls]
+    assert not [ls for n, ls in series(remote) if n == "pathprobe_probe_runs_total" and ("result", "ok") not in ls]

@@ -28,6 +28,8 @@ from .store import RELATIVE_ACCURACY, STATES, UDP_COUNTS, WINDOW_SECONDS, Store
 PEER = ["peer", "peer_region", "path_class"]
 TEST = [*PEER, "protocol", "streams", "direction"]
 PROBES = ("throughput", "rtt", "loss", "mtu")
+# What a compact peer (mesh.compact_outside) keeps: what the rules read.
+COMPACT_QUANTILES, COMPACT_UDP_COUNTS = (0.5, 0.99), ("sent", "lost")
 IPERF3_ADMISSIONS = ("ok", "not_allowed", "out_of_turn")  # responders/iperf3.py: every outcome from zero
 STATE_DOC = " state=loaded: this host or the peer may be in a throughput test (self-inflicted loss), else idle."
 CACHED = "Results are cached from the last completed test; see the matching _timestamp_seconds."
@@ -268,11 +270,16 @@ class Collector:
             "summary",
         )
         now = self.store.clock()
+        compact = self.cfg.compact_peers
         for (name, protocol, state), window in dict(self.store.rtt).items():
+            if name in compact and state != "idle":
+                continue
             labels = dict(zip(PEER, peer_labels(self.peers[name]), strict=True)) | {
                 "protocol": protocol, "state": state
             }  # fmt: skip
             for q, v in window.quantiles(now).items():
+                if name in compact and q not in COMPACT_QUANTILES:
+                    continue
                 family.add_sample("pathprobe_rtt_seconds", labels | {"quantile": floatToGoString(q)}, v)  # type: ignore[no-untyped-call]
             family.add_sample("pathprobe_rtt_seconds_count", labels, window.count)
             family.add_sample("pathprobe_rtt_seconds_sum", labels, window.total)
@@ -303,10 +310,12 @@ class Collector:
         # peer wherever this mesh runs tests.
         states = STATES if self.cfg.half_slot_need(with_margin=False) else ("idle",)
         if self.cfg.probes.loss.enabled:
+            compact = self.cfg.compact_peers
             for peer in self.cfg.rtt_peers:
-                for state in states:
+                for state in ("idle",) if peer.name in compact else states:
                     counts = dict(udp.get((peer.name, state), {}))
-                    for k in UDP_COUNTS:  # every series from zero, so that increase() sees the first loss
+                    for k in COMPACT_UDP_COUNTS if peer.name in compact else UDP_COUNTS:
+                        # every series from zero, so that increase() sees the first loss
                         families[k].add_metric([*peer_labels(peer), state], counts.get(k, 0))
         for name, value in dict(self.store.udp_jitter).items():
             jitter.add_metric(peer_labels(self.peers[name]), value)
@@ -373,10 +382,13 @@ class Collector:
         )
         counted = dict(self.store.runs)
         probed = {"throughput": self.cfg.throughput_peers, "rtt": self.cfg.rtt_peers}
+        compact = self.cfg.compact_peers
         for probe in PROBES:  # every outcome from zero, so that increase() sees the first failure
             for peer in probed.get(probe, self.cfg.rtt_peers):  # loss and mtu go with rtt
                 for reason in REASONS:
-                    runs.add_metric([probe, peer.name, reason], counted.get((probe, peer.name, reason), 0))
+                    n = counted.get((probe, peer.name, reason), 0)
+                    if n or peer.name not in compact:  # compact: the outcomes that happened
+                        runs.add_metric([probe, peer.name, reason], n)
         last = _gauge(
             "pathprobe_probe_last_success_timestamp_seconds", "Unix time of the last successful probe.",
             ["probe", "peer"],

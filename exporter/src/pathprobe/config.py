@@ -295,6 +295,10 @@ class MeshSettings(Strict):
     # seconds), the same on every host: a reload before it keeps the old schedule until then,
     # a fresh start takes no turn until then (schedule.Timetable). None: at once.
     epoch: AwareDatetime | None = None
+    # Peers outside this host's region (or zone) export fewer series (docs/fleet.md): RTT p50
+    # and p99 of idle samples, UDP sent and lost, and only the probe outcomes that happened
+    # (no series from zero). "none": every peer in full.
+    compact_outside: Literal["none", "region", "zone"] = "none"
 
 
 class Config(Strict):
@@ -375,6 +379,15 @@ class Config(Strict):
         """Every peer this host probes or answers: whom the responders admit and /metrics names."""
         names = {p.name for p in self.rtt_peers} | {p.name for p in self.throughput_peers}
         return [p for p in self.peers if p.name in names]
+
+    @cached_property
+    def compact_peers(self) -> frozenset[str]:
+        """Peers exported in compact form (mesh.compact_outside)."""
+        where = self.mesh.compact_outside
+        if where == "none":
+            return frozenset()
+        mine = (self.host.region, self.host.zone if where == "zone" else "")
+        return frozenset(p.name for p in self.peers if (p.region, p.zone if where == "zone" else "") != mine)
 
     @cached_property
     def throughput_pairs(self) -> set[tuple[str, str]] | None:
