@@ -25,3 +25,15 @@ def test_the_cli_defaults_are_the_config_models() -> None:
     assert (loss.size, loss.flows) == (default(LossSettings, "size_bytes"), default(LossSettings, "flows"))
     serve = parser.parse_args(["serve"])
     assert serve.rr_max_connections_per_source == default(Responders, "rr_max_connections_per_source")
+
+
+def test_a_prometheus_config_missing_what_its_layout_needs_is_exit_2() -> None:
+    base = [sys.executable, "-m", "pathprobe", "alerts", "prometheus-config", "--layout", "regional"]
+    proc = subprocess.run([*base, "--file-sd", "t.json"], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2 and "remote_write_url" in proc.stderr and "Traceback" not in proc.stderr
+    proc = subprocess.run([*base, "--remote-write-url", "http://g/api/v1/write"], capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert proc.returncode == 2 and "file_sd" in proc.stderr
+    bad_json = [*base, "--file-sd", "t.json", "--remote-write-url", "http://g", "--scrape-json", "{"]
+    proc = subprocess.run(bad_json, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2 and "--scrape-json: Expecting" in proc.stderr

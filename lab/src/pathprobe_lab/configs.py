@@ -100,15 +100,6 @@ def scrape_targets(topo: Topology) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def prometheus_config(topo: Topology, rule_files: list[str], alertmanager: str, interval: str = "5s") -> dict[str, Any]:
-    return {
-        "global": {"scrape_interval": interval, "evaluation_interval": interval},
-        "rule_files": rule_files,
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
-        "scrape_configs": [{"job_name": "pathprobe", "static_configs": scrape_targets(topo)}],
-    }
-
-
 def lab_alert_params(rotation_seconds: float) -> Params:
     """The production rules with windows short enough for a lab fire drill (minutes)."""
     window = f"{int(2 * rotation_seconds + 30)}s"  # two tests of every path

@@ -22,12 +22,12 @@ from typing import Any
 import yaml
 
 from pathprobe import procs
-from pathprobe.monitoring import rules
+from pathprobe.monitoring import prometheus, rules
 from pathprobe.promql import query
 
 from . import net, shaping, topology
 from .alerting import webhook_routing
-from .configs import exporter_config, lab_alert_params, prometheus_config, rotation_seconds
+from .configs import exporter_config, lab_alert_params, rotation_seconds, scrape_targets
 from .state import LabError, State, in_ns, ns, spawn
 
 WEBHOOK_PORT = 19099
@@ -240,9 +240,11 @@ def start_monitoring(topo: topology.Topology, work: Path, prom_port: int, am_por
     rule_file = work / "pathprobe.rules.yml"
     rule_file.write_text(rules.dump(lab_alert_params(rotation_seconds(topo, slot_seconds))))
     am_addr = f"127.0.0.1:{am_port}"
-    (work / "prometheus.yml").write_text(
-        yaml.safe_dump(prometheus_config(topo, [str(rule_file)], am_addr), sort_keys=False)
-    )
+    targets = work / "targets.json"
+    targets.write_text(json.dumps(scrape_targets(topo)))
+    cfg = prometheus.render("single", file_sd=str(targets), rule_files=[str(rule_file)], alertmanagers=[am_addr],
+                            interval="5s")  # fmt: skip
+    (work / "prometheus.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     (work / "alertmanager.yml").write_text(
         yaml.safe_dump(alertmanager_config(f"http://127.0.0.1:{webhook_port}/alerts", routing), sort_keys=False)
     )

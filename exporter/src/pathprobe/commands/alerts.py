@@ -39,11 +39,15 @@ def cmd_prometheus_config(args: argparse.Namespace) -> int:
     labels = dict(label.partition("=")[::2] for label in args.external_label)
     try:
         scrape = json.loads(args.scrape_json) if args.scrape_json else None
+    except json.JSONDecodeError as exc:
+        print(f"pathprobe alerts prometheus-config: --scrape-json: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
         cfg = prometheus.render(
             args.layout, file_sd=args.file_sd, rule_files=args.rules, alertmanagers=args.alertmanager,
             remote_write_url=args.remote_write_url, external_labels=labels, interval=args.interval, scrape=scrape,
         )  # fmt: skip
-    except (ValueError, json.JSONDecodeError) as exc:
+    except ValueError as exc:
         print(f"pathprobe alerts prometheus-config: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     return write_output(yaml.safe_dump(cfg, sort_keys=False), args.out)
