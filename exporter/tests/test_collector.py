@@ -408,7 +408,7 @@ def test_a_peer_can_keep_fixed_length_tests_when_the_mesh_stops_at_steady_state(
     assert e.turns.test(b, e.cfg.throughput_for(b), ("udp", "1", "send")).steady is None  # TCP only
 
 
-def fleet_config(tmp_path: Path, host: str, throughput: dict[str, object] | None = None) -> Config:
+def fleet_config(tmp_path: Path, host: str, throughput: dict[str, object] | None = None, **mesh: object) -> Config:
     """Host `host` of a 3-region, 4-hosts-per-region fleet with a hierarchical RTT mesh (k=1)."""
     members = [(f"r{r}-h{h}", f"r{r}", f"198.18.{r}.{h + 2}") for r in range(3) for h in range(4)]
     me = next(m for m in members if m[0] == host)
@@ -417,7 +417,7 @@ def fleet_config(tmp_path: Path, host: str, throughput: dict[str, object] | None
         for n, r, a in members
         if n != host
     ]
-    mesh = {"rtt": {"kind": "hierarchical", "representatives": 1}, "throughput": throughput}
+    mesh = {"rtt": {"kind": "hierarchical", "representatives": 1}, "throughput": throughput, **mesh}
     return config(tmp_path, host={"name": host, "address": me[2], "region": me[1]}, peers=peers, mesh=mesh)
 
 
@@ -459,8 +459,7 @@ def test_a_sampled_throughput_mesh_schedules_only_its_links_and_no_host_twice(tm
 
 
 def test_compact_peers_export_what_the_rules_read_and_fewer_series(tmp_path: Path) -> None:
-    cfg = fleet_config(tmp_path, "r0-h0")
-    cfg = cfg.model_copy(update={"mesh": cfg.mesh.model_copy(update={"compact_outside": "region"})})
+    cfg = fleet_config(tmp_path, "r0-h0", compact_outside="region")
     ex = Exporter(cfg)
     remote = next(p.name for p in cfg.rtt_peers if p.region != "r0")
     local = next(p.name for p in cfg.rtt_peers if p.region == "r0")

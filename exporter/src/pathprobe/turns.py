@@ -33,7 +33,6 @@ class ThroughputTurns:
         self.store, self.budget, self.clock = store, budget, clock
         self._take(cfg, timetable, tracker)
         self._next: tuple[Config, Timetable, ExpectedTracker] | None = None
-        self.prober = ThroughputProber(cfg.iperf3.binary, cfg.schedule.timeout_margin_seconds)
         self._last_bytes: dict[tuple[str, tuple[str, str, str]], int] = {}
         self.interface = ena.interface(cfg.host.interface)
         # When this host's own tests ran, with DRAIN_SECONDS after each: RTT samples taken
@@ -44,6 +43,7 @@ class ThroughputTurns:
     def _take(self, cfg: Config, timetable: Timetable, tracker: ExpectedTracker) -> None:
         self.cfg, self.timetable, self.tracker = cfg, timetable, tracker
         self.peers = {p.name: p for p in cfg.peers}
+        self.prober = ThroughputProber(cfg.iperf3.binary, cfg.schedule.timeout_margin_seconds)
 
     def use(self, cfg: Config, timetable: Timetable, tracker: ExpectedTracker) -> None:
         """A reload: the next turn is planned with these (a turn under way ends as planned)."""
