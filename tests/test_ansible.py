@@ -26,6 +26,7 @@ import yaml
 
 from helpers import topology, wait_for
 from pathprobe import config, procs, promql
+from pathprobe.exporter import RESTART_ONLY
 from pathprobe_lab import demo, net
 from pathprobe_lab.state import ns, spawn
 from pathprobe_lab.topology import address
@@ -159,6 +160,12 @@ def render_config_change(tmp_path: Path, members: list[str], extra: dict) -> tup
                     "ANSIBLE_NOCOLOR": "1", "HOME": str(tmp_path)})  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     return yaml.safe_load((tmp_path / "pathprobe.yaml").read_text()), (tmp_path / "restart").read_text() == "True"
+
+
+def test_the_role_restarts_for_exactly_what_a_reload_cannot_apply() -> None:
+    tasks = yaml.safe_load((ROLE / "tasks" / "config_change.yml").read_text())
+    decide = next(t for t in tasks if "pathprobe_config_needs_restart" in t.get("ansible.builtin.set_fact", {}))
+    assert tuple(decide["vars"]["restart_only"]) == RESTART_ONLY
 
 
 def test_a_member_list_change_gets_one_epoch_and_a_reload(tmp_path: Path) -> None:

@@ -9,11 +9,10 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from pathprobe.monitoring.params import Params
 
-from .common import DS, HALF, QUARTER, dashboard, grid, query, selector, steps
+from .common import DS, HALF, QUARTER, dashboard, grid, query, steps
 
 
 def build(p: Params) -> Dashboard:
-    sel = selector(p)
     warn, crit = p.throughput_ratio_warning, p.throughput_ratio_critical
     # The region-pair aggregates (rules group pathprobe.region_pairs): what a global Prometheus
     # holds (docs/fleet.md); a single Prometheus evaluates the same rules.
@@ -45,22 +44,23 @@ def build(p: Params) -> Dashboard:
             steps((None, "green"), (p.loss_ratio_warning, "yellow"), (p.loss_ratio_critical, "red")), 3))
         .with_row(Row("Now"))
         .with_panel(
-            stat.Panel().title(f"Paths below {warn:.0%} of expected")
-            .description(f"Source-to-peer test series whose last result is below {warn:.0%} of expected.")
+            stat.Panel().title(f"Region pairs below {warn:.0%} of expected")
+            .description(f"Tests between two regions (protocol, streams, direction) whose worst path's last "
+                         f"result is below {warn:.0%} of expected.")
             .unit("short").datasource(DS).span(QUARTER).height(5)
-            .with_target(query(f"count(path:pathprobe_throughput_expected_ratio:last{{{sel}}} < {warn:g}) or vector(0)",
+            .with_target(query(f"count(region_pair:pathprobe_throughput_expected_ratio:min < {warn:g}) or vector(0)",
                                instant=True))
             .thresholds(steps((None, "green"), (1, "red"))))
         .with_panel(
-            stat.Panel().title("Peers unreachable")
-            .description("Peers with no answer to any RTT probe over 5 minutes.")
+            stat.Panel().title("Paths unreachable")
+            .description("Paths (host to peer) with no answer to any RTT probe over 5 minutes.")
             .unit("short").datasource(DS).span(QUARTER).height(5)
-            .with_target(query(f'count(sum by (host, peer) (increase(pathprobe_probe_runs_total{{{sel}, probe="rtt", '
-                               'result="ok"}[5m])) == 0) or vector(0)', instant=True))
+            .with_target(query("sum(region_pair:pathprobe_paths_unreachable:count) or vector(0)", instant=True))
             .thresholds(steps((None, "green"), (1, "red"))))
         .with_panel(
             table.Panel().title("Firing pathprobe alerts")
-            .description("Alerts of the pathprobe rules firing now, with the path they name.")
+            .description("Alerts of the pathprobe rules firing now, with the path they name (on a regional or "
+                         "single Prometheus: a global one evaluates no per-path alert).")
             .unit("short").datasource(DS).span(HALF).height(5)
             .with_target(query('ALERTS{alertname=~"Pathprobe.*", alertstate="firing"}', instant=True,
                                fmt=PromQueryFormat.TABLE))

@@ -106,6 +106,12 @@ def render(p: Params) -> dict[str, Any]:
          "expr": f"max by ({REGION_PAIR}, protocol) (path:pathprobe_rtt_seconds:p50_5m)"},
         {"record": "region_pair:pathprobe_rtt_seconds:max_p99_5m",
          "expr": f"max by ({REGION_PAIR}, protocol) (path:pathprobe_rtt_seconds:p99_5m)"},
+        # Absent while no path is unreachable; the outcome counters have no peer_region: from peer_info.
+        {"record": "region_pair:pathprobe_paths_unreachable:count",
+         "expr": f"count by ({REGION_PAIR}) (\n"
+                 f'  (sum by ({PATH}, region) (increase(pathprobe_probe_runs_total{{{sel}, probe="rtt", '
+                 f'result="ok"}}[5m])) == 0)\n'
+                 f"  * on ({PATH}) group_left (peer_region) pathprobe_peer_info{{{sel}}}\n)"},
         {"record": "region_pair:pathprobe_udp_loss_ratio:max_rate5m",
          "expr": f"max by ({REGION_PAIR}) (path:pathprobe_udp_loss_ratio:rate5m{{{idle}}})"},
     ]  # fmt: skip
