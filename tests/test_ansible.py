@@ -30,13 +30,12 @@ from pathprobe.exporter import RESTART_ONLY
 from pathprobe_lab import demo, net
 from pathprobe_lab.state import ns, spawn
 from pathprobe_lab.topology import address
+from rootfs import ROOTFS, base_rootfs
 
 ROOT = Path(__file__).parents[1]
 ANSIBLE = ROOT / "ansible"
 ROLE = ANSIBLE / "roles" / "pathprobe"
 BIN = Path(sys.executable).parent
-ROOTFS = Path("/var/tmp/pathprobe-rootfs")
-MIRROR = "http://deb.debian.org/debian"
 PROM_PORT = 19290
 
 
@@ -223,31 +222,6 @@ paths:
 
 # A cloud image's Debian 12: systemd, dbus and sshd, Python, and the packages the role installs
 # (the lab's hosts have no route to a mirror: the role's apt task finds them installed).
-ROOTFS_PACKAGES = ["python3", "python3-venv", "python3-packaging", "python3-apt", "systemd", "systemd-sysv", "dbus",
-                   "openssh-server", "iperf3", "ethtool", "nftables", "iproute2", "procps"]  # fmt: skip
-APT_LISTS_MAX_AGE = 12 * 3600  # the role's apt cache_valid_time is a day
-
-
-def base_rootfs() -> Path:
-    """Made once and kept between runs; its apt lists refreshed when half a day old."""
-    base = ROOTFS / "base"
-    stamp = base / ".pathprobe-packages"
-    if not stamp.exists() or stamp.read_text() != " ".join(ROOTFS_PACKAGES):
-        shutil.rmtree(base, ignore_errors=True)
-        base.mkdir(parents=True)
-        cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(ROOTFS_PACKAGES)}", "bookworm", str(base),
-               MIRROR]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-        stamp.write_text(" ".join(ROOTFS_PACKAGES))
-    lists = base / "var" / "lib" / "apt" / "lists"
-    if time.time() - lists.stat().st_mtime > APT_LISTS_MAX_AGE or not list(lists.glob("*_Packages")):
-        proc = subprocess.run(["chroot", str(base), "apt-get", "update", "-q"], capture_output=True, text=True,
-                              timeout=300, check=False)  # fmt: skip
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return base
-
-
 SSH_OPTIONS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
                "-o", "ConnectTimeout=5"]  # fmt: skip
 
