@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "exporter" / "src"))
-from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pathprobe.collector import registry
@@ -35,6 +34,7 @@ from pathprobe.mesh import Member, Policy, links
 from pathprobe.probes import ThroughputResult
 from pathprobe.schedule import Schedule
 from pathprobe.store import STATES
+from pathprobe.web import Snapshot, Stats
 
 # Global view per ordered region pair (intra-region pairs too), default tests (tcp x1 and x8 send):
 # paths 1 + ratio 2 + rate 2 + last test 1 + RTT p50 and p99 of tcp and udp 4 + loss 1 (rules.py).
@@ -61,16 +61,18 @@ class SeriesModel:
         return self.base + self.full * full_peers + self.compact * compact_peers
 
 
-def series_model(probes: dict | None = None) -> SeriesModel:
+def series_model(settings: dict | None = None) -> SeriesModel:
     """Measured on the real collector, not assumed: an exporter with one peer in its region and
-    one outside it (compact), its store filled as healthy probing fills it (every test of
-    `probes` run, RTT and echo samples in both states, every MTU size carried)."""
+    one outside it (compact), with these config sections (`probes`, `budget`, ...; default:
+    the defaults), its store filled as healthy probing fills it (every test run, RTT and echo
+    samples in both states, every MTU size carried), as /metrics serves it."""
     sides = [("near", "a", "intra_region"), ("far", "b", "inter_region")]
     peers = [{"name": name, "address": f"127.0.0.{i + 2}", "region": region, "path_class": cls}
              for i, (name, region, cls) in enumerate(sides)]  # fmt: skip
     cfg = Config.model_validate({
-        "host": {"name": "me", "address": "127.0.0.1", "region": "a"}, "peers": peers, "probes": probes or {},
-        "mesh": {"compact_outside": "region"}, "budget": {"state_file": "/nonexistent/budget.json"},
+        "budget": {"state_file": "/nonexistent/budget.json"}, **(settings or {}),
+        "host": {"name": "me", "address": "127.0.0.1", "region": "a"}, "peers": peers,
+        "mesh": {"compact_outside": "region"},
         "tcp_rmem_max_bytes": 6291456, "tcp_wmem_max_bytes": 4194304, "tcp_window_share": 0.5,
     })  # fmt: skip
     ex = Exporter(cfg)
@@ -91,11 +93,16 @@ def series_model(probes: dict | None = None) -> SeriesModel:
             s.bytes_sent[probe, peer.name] += 1
         s.udp_jitter[peer.name], s.worst_flow_loss[peer.name] = 0.0, 0.0
         s.lost_by_direction[peer.name] = (0, 0)
+        for protocol in ("tcp", "udp"):
+            s.flows_failing[peer.name, protocol] = 0
         if cfg.probes.mtu.enabled:
             for size in cfg.probes.mtu.sizes_for(peer.path_class.value):
                 s.mtu[peer.name, size] = (True, 1.0)
                 s.success("mtu", peer.name)
-    text = generate_latest(registry(ex.collector)).decode()
+    for responder in ("rr", "echo"):  # it answered its peers
+        s.count_request(responder, "accepted")
+    # As /metrics serves it: the snapshot and its trailer (age, render time, refused connections).
+    text = Snapshot(registry(ex.collector), stats=Stats()).get().decode()
     count = {"near": 0, "far": 0, "": 0}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

@@ -66,8 +66,6 @@ def main() -> int:
     args = parser.parse_args()
     topo = Topology.model_validate({"hosts": [{"name": f"h{i:02d}", "region": f"r{i % args.regions}"}
                                               for i in range(args.hosts)]})  # fmt: skip
-    model = series_model(PROBES)
-    # The series the exporter exposes besides the collector's: the client library's process metrics.
     net.down()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -76,6 +74,8 @@ def main() -> int:
         print(f"lab of {args.hosts} hosts up in {time.monotonic() - started:.0f} s")
         try:
             pids, expected, addrs = {}, {}, {}
+            sample = exporter_config(topo, topo.hosts[0].name, work, 60, PROBES)
+            model = series_model({k: sample[k] for k in ("probes", "schedule", "budget")})
             for i, h in enumerate(topo.hosts, start=1):
                 cfg = exporter_config(topo, h.name, work, 60, PROBES) | {"mesh": MESH}
                 cfg_file = work / f"{h.name}.yaml"
@@ -105,6 +105,8 @@ def main() -> int:
             cpu = {n: (cpu_seconds(p) - before[n]) / args.seconds for n, p in pids.items()}
             rss = {n: rss_mib(p) for n, p in pids.items()}
             scrapes = {n: [scrape(a) for _ in range(5)] for n, a in addrs.items()}
+            with urllib.request.urlopen(f"http://{addrs['h00']}:{METRICS_PORT}/metrics", timeout=10) as r:
+                (Path(tempfile.gettempdir()) / "fleet_lab-h00.prom").write_bytes(r.read())
         finally:
             net.down()
     series = {n: s[-1][1] for n, s in scrapes.items()}
