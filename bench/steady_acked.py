@@ -13,44 +13,17 @@ Run as root: .venv/bin/python bench/steady_acked.py   (about 4 minutes; its own 
 
 from __future__ import annotations
 
-import itertools
-import re
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from throughput_cost import DST, RATES, RTTS, STREAMS, TOPOLOGY, shape
+from throughput_cost import DST, RATES, RTTS, STREAMS, TOPOLOGY, shape, with_delivered
 
 from pathprobe.probes.steady import Detector, Interval, mean_rate, parse_interval
 from pathprobe_lab import net
 from pathprobe_lab.state import in_ns, ns
-
-ACKED = re.compile(r"bytes_acked:(\d+)")
-SAMPLE_SECONDS = 0.1
-
-
-def sample_acked(stop: threading.Event, out: list[tuple[float, int]]) -> None:
-    """(monotonic time, bytes acknowledged on every connection to the server) every 0.1 s."""
-    cmd = in_ns(ns("src"), ["ss", "-tinH", "state", "established", "dst", DST, "dport", "= :5201"])
-    while not stop.is_set():
-        t = time.monotonic()
-        text = subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
-        out.append((t, sum(int(n) for n in ACKED.findall(text))))
-        time.sleep(max(0.0, SAMPLE_SECONDS - (time.monotonic() - t)))
-
-
-def acked_intervals(samples: list[tuple[float, int]], seconds: float) -> list[Interval]:
-    """Rates between successive samples, from the sample before the first acknowledged byte."""
-    first = next((k for k, (_, n) in enumerate(samples) if n > 0), len(samples))
-    kept = samples[max(0, first - 1) :]
-    if not kept:
-        return []
-    t0 = kept[0][0]
-    return [Interval(ta - t0, tb - t0, (b - a) * 8 / (tb - ta))
-            for (ta, a), (tb, b) in itertools.pairwise(kept) if tb > ta and tb - t0 <= seconds]  # fmt: skip
 
 
 def judged(intervals: list[Interval], rtt: float) -> list[str]:
@@ -66,26 +39,20 @@ def judged(intervals: list[Interval], rtt: float) -> list[str]:
 
 
 def row(rtt: float, rate: float, streams: int) -> list[str]:
-    samples: list[tuple[float, int]] = []
-    stop = threading.Event()
-    sampler = threading.Thread(target=sample_acked, args=(stop, samples))
-    sampler.start()
-    try:
-        for _ in range(5):  # the server may still be closing the previous test (busy)
-            client = ["iperf3", "-c", DST, "-t", "10", "-i", "0.1", "-f", "k", "-P", str(streams)]
-            proc = subprocess.run(in_ns(ns("src"), client), capture_output=True, text=True, timeout=60, check=False)
-            if "busy" not in proc.stderr:
-                break
-            samples.clear()
-            time.sleep(1)
-    finally:
-        stop.set()
-        sampler.join()
-    sent = [i for line in proc.stdout.splitlines() if (i := parse_interval(line, streams))]
-    acked = acked_intervals(samples, 10.0)
     head = [f"{rtt * 1e3:g}", f"{rate / 1e6:g}", str(streams)]
+    client = ["iperf3", "-c", DST, "-t", "10", "-i", "0.1", "-f", "k", "-P", str(streams)]
+    for attempt in range(5):  # the server may still be closing the previous test (busy)
+        try:
+            out, delivered = with_delivered(client)
+            break
+        except RuntimeError as exc:
+            if "busy" not in str(exc) or attempt == 4:
+                return [*head, f"failed: {str(exc)[-60:]}", "-", "-", "-", "-", "-"]
+            time.sleep(1)
+    sent = [i for line in out.splitlines() if (i := parse_interval(line, streams))]
+    acked = [i for i in delivered if i.end <= 10.0]
     if not sent or not acked:
-        return [*head, f"failed: {proc.stderr.strip()[-60:]}", "-", "-", "-", "-", "-"]
+        return [*head, "failed: no intervals", "-", "-", "-", "-", "-"]
     return [*head, *judged(sent, rtt), *judged(acked, rtt)]
 
 

@@ -3,14 +3,18 @@
 For each RTT (1, 8, 74, 150 ms), lab rate (200 Mbit/s, 500 Mbit/s) and stream count (1, 4):
 a plain 10 s iperf3 test (its steady state: the mean of its last 5 s; the bytes it moved)
 and `pathprobe probe throughput --steady-state` with the path's RTT as its hint (the rate
-it converged on, the bytes, the time, whether it converged). Both ends have 32 MiB
-buffers, so the shaper binds, not a window.
+it converged on, the bytes, the time, whether it converged). The steady state is what the
+server acknowledged over the 10 s test's last 5 s, as the prober reads it (`ss -tin`), not
+iperf3's sender-side intervals (writes into a 32 MiB buffer, bursty with several streams:
+bench/steady_acked.py compares the two). Both ends have 32 MiB buffers, so the shaper
+binds, not a window.
 
 Run as root: .venv/bin/python bench/throughput_cost.py [--record DIR]   (about 6 minutes;
 builds its own two-host lab in 198.18.0.0/15 and removes it). --record keeps each 10 s
 test's interval lines (iperf3 -i 0.1 -f k) as a trace (exporter/tests/fixtures/traces
 holds one set). --replay DIR runs no test: the detector's decision on each recorded trace
-against that trace's own last 5 s (seconds, no lab; to try a detector change).
+against that trace's own last 5 s (seconds, no lab; to try a detector change; these are
+iperf3's intervals, what the prober falls back on where no socket shows delivered bytes).
 Target (issue 14): within 2% of the steady state using at most 25% of a 10 s test's bytes,
 on every row up to 150 ms; rows that miss are marked.
 """
@@ -21,11 +25,13 @@ import argparse
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import yaml
 
-from pathprobe.probes.steady import Detector, mean_rate, parse_interval
+from pathprobe.probes.steady import Detector, Interval, delivered_bytes, delivered_intervals, mean_rate, parse_interval
 from pathprobe_lab import net, shaping
 from pathprobe_lab.state import State, in_ns, ns
 from pathprobe_lab.topology import PathSpec, Topology, address
@@ -57,13 +63,42 @@ def shape(rate: float, rtt: float) -> None:
     shaping.set_path(state, "dst", "src", PathSpec(None, rtt / 2, 0.0, cls))
 
 
+def sample_delivered(stop: threading.Event, out: list[tuple[float, int]]) -> None:
+    """(seconds, bytes the server acknowledged on every connection to it) every 0.1 s, as the
+    prober reads them (probes/steady.py)."""
+    cmd = in_ns(ns("src"), ["ss", "-tinH", "state", "established", "dst", DST, "dport", "= :5201"])
+    while not stop.is_set():
+        at = time.monotonic()
+        text = subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
+        out.append((at, delivered_bytes(text, "send")))
+        time.sleep(max(0.0, 0.1 - (time.monotonic() - at)))
+
+
+def with_delivered(cmd: list[str]) -> tuple[str, list[Interval]]:
+    """Run `cmd` in src (an iperf3 client) while sampling the bytes it delivered: (its output,
+    the delivered intervals)."""
+    samples: list[tuple[float, int]] = []
+    stop = threading.Event()
+    sampler = threading.Thread(target=sample_delivered, args=(stop, samples))
+    sampler.start()
+    try:
+        out = in_src(cmd)
+    finally:
+        stop.set()
+        sampler.join()
+    return out, delivered_intervals(samples)
+
+
 def row(rate: float, rtt: float, streams: int, record: Path | None) -> list[str]:
-    trace = in_src(["iperf3", "-c", DST, "-t", "10", "-i", "0.1", "-f", "k", "-P", str(streams)])
+    trace, delivered = with_delivered(["iperf3", "-c", DST, "-t", "10", "-i", "0.1", "-f", "k", "-P", str(streams)])
     if record is not None:
         name = f"rtt{rtt * 1e3:g}ms-{rate / 1e6:g}M-P{streams}.txt"
         (record / name).write_text(f"streams {streams} rtt {rtt:g}\n{trace}")
     intervals = [i for line in trace.splitlines() if (i := parse_interval(line, streams))]
-    steady = sum(i.bits_per_second * i.seconds for i in intervals if i.start >= 5) / 5
+    # The steady state: what the server acknowledged over the test's last 5 s (the measure the
+    # prober's detector reads).
+    end = min(delivered[-1].end, 10.0)
+    steady = mean_rate(delivered, end - 5, end) or 0.0
     full_bytes = sum(i.bits_per_second * i.seconds for i in intervals) / 8
     got = json.loads(in_src([*PATHPROBE, "probe", "throughput", DST, "-t", "10", "-P", str(streams),
                              "--steady-state", "--rtt-hint", f"{rtt:g}", "--json"]))  # fmt: skip

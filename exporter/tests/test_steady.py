@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from pathprobe.probes import ProbeFailure, ThroughputProber, ThroughputTest
-from pathprobe.probes.steady import Detector, Interval, mean_rate, parse_interval
+from pathprobe.probes.steady import Detector, Interval, delivered_bytes, delivered_intervals, mean_rate, parse_interval
+from pathprobe.probes.throughput import _SteadyState
 
 # iperf3 3.12, -P 2 -i 0.2 -f k, on loopback.
 LINES = """\
@@ -153,3 +154,59 @@ def test_recorded_lab_traces_settle_early_and_one_stream_near_its_steady_state(t
     assert steady is not None
     if streams == "1":
         assert abs(rate / steady - 1) <= 0.03
+
+
+# `ss -tinH` of a test's two sockets (iperf3's control connection and one stream), as ss 6.1 prints them.
+SS = """\
+ESTAB 0 0 198.18.1.2:40312 198.18.2.2:5201
+\t cubic wscale:9,9 rto:276 rtt:75.2/0.5 bytes_sent:146 bytes_acked:147 bytes_received:4 segs_out:8
+ESTAB 0 2896 198.18.1.2:40318 198.18.2.2:5201
+\t cubic wscale:9,9 rto:276 rtt:76.1/1.2 bytes_sent:25165824 bytes_retrans:2896 bytes_acked:24903680 segs_out:17385
+"""
+
+
+def test_delivered_bytes_are_the_peers_acknowledgements_or_what_this_host_received() -> None:
+    assert delivered_bytes(SS, "send") == 147 + 24903680
+    assert delivered_bytes(SS, "receive") == 4
+    samples = [(0.0, 0), (0.1, 0), (0.2, 1000), (0.3, 26000), (0.4, 51000)]
+    got = delivered_intervals(samples)
+    assert [round(i.start, 3) for i in got] == [0.0, 0.1, 0.2]  # from the sample before the first byte
+    assert got[-1].bits_per_second == pytest.approx(25000 * 8 / 0.1)
+    assert delivered_intervals([(0.0, 0), (0.1, 0)]) == []
+
+
+def test_the_sampler_reads_a_real_connections_acknowledged_bytes() -> None:
+    """`ss` against a real loopback connection: what the prober's sampler reads during a test."""
+
+    async def go() -> list[tuple[float, int]]:
+        received = 0
+
+        async def sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal received
+            while chunk := await reader.read(65536):
+                received += len(chunk)
+            writer.close()
+
+        server = await asyncio.start_server(sink, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        idle = await asyncio.create_subprocess_exec("sleep", "5")  # stands in for iperf3 (SIGINT on convergence)
+        watch = _SteadyState(ThroughputTest("127.0.0.1", port=port, steady_state=Detector()), idle)
+        sampling = asyncio.ensure_future(watch.sample())
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(6):
+            writer.write(b"x" * 1_000_000)
+            await writer.drain()
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.2)
+        sampling.cancel()
+        await asyncio.gather(sampling, return_exceptions=True)
+        writer.close()
+        server.close()
+        idle.kill()
+        await idle.wait()
+        return watch.samples
+
+    samples = asyncio.run(go())
+    assert len(samples) >= 5
+    assert samples[-1][1] >= 6_000_000  # every byte written was acknowledged
+    assert [n for _, n in samples] == sorted(n for _, n in samples)

@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import time
 from dataclasses import asdict, dataclass
@@ -16,10 +17,10 @@ from typing import Any
 from .. import procs
 from ..config import Iperf3Settings, ThroughputSettings, default
 from .base import ProbeFailure, Reason
-from .steady import Detector, Interval, parse_interval
+from .steady import Detector, Interval, delivered_bytes, delivered_intervals, parse_interval
 
-# iperf3's reporting interval for a steady-state test.
-INTERVAL_SECONDS = 0.1
+# iperf3's reporting interval for a steady-state test, and how often its delivered bytes are read.
+INTERVAL_SECONDS = SAMPLE_SECONDS = 0.1
 
 # Substrings of iperf3's "error" field, first match wins.
 _ERROR_REASONS: tuple[tuple[str, Reason], ...] = (
@@ -247,6 +248,7 @@ class ThroughputProber:
             raise ProbeFailure("error", f"cannot run iperf3 {self.binary!r}: {exc.strerror or exc}") from exc
         limit = test.max_seconds(self.margin)
         watch = _SteadyState(test, proc) if test.steady else None
+        sampler = asyncio.ensure_future(watch.sample()) if watch else None
         reads = [
             asyncio.ensure_future(
                 watch.read(proc.stdout) if watch else _read_bounded(proc.stdout, MAX_OUTPUT_BYTES, "stdout")
@@ -265,6 +267,10 @@ class ThroughputProber:
             if isinstance(exc, TimeoutError):
                 raise ProbeFailure("timeout", f"iperf3 did not finish within {limit:g} s") from exc
             raise
+        finally:
+            if sampler is not None:
+                sampler.cancel()
+                await asyncio.gather(sampler, return_exceptions=True)
         if watch is not None:
             return watch.result(out, err)
         if not out.strip():
@@ -275,14 +281,53 @@ class ThroughputProber:
 
 
 class _SteadyState:
-    """A steady-state test as it runs: its intervals, read line by line, and SIGINT to iperf3
-    (which ends the test at once) when the detector says the rate has settled."""
+    """A steady-state test as it runs: the bytes its sockets delivered, read every 0.1 s, and
+    iperf3's intervals, read line by line; SIGINT to iperf3 (which ends the test at once) when
+    the detector says the rate has settled. The detector reads the delivered bytes, or
+    iperf3's intervals where no socket shows them (probes/steady.py)."""
 
     def __init__(self, test: ThroughputTest, proc: asyncio.subprocess.Process):
         assert test.steady is not None
         self.test, self.proc, self.detector = test, proc, test.steady
-        self.intervals: list[Interval] = []
+        self.intervals: list[Interval] = []  # iperf3's
+        self.samples: list[tuple[float, int]] = []  # (seconds, bytes delivered so far)
         self.rate: float | None = None  # bits/s, once converged
+
+    def delivered(self) -> list[Interval]:
+        return delivered_intervals(self.samples)
+
+    def _check(self, intervals: list[Interval]) -> None:
+        if self.rate is None:
+            self.rate = self.detector.rate(intervals, self.test.rtt_hint_seconds)
+            if self.rate is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.send_signal(signal.SIGINT)  # iperf3 stops the test and exits
+
+    async def sample(self) -> None:
+        """Until cancelled: the bytes the test's sockets delivered (`ss -tin` of the
+        connections to the peer's iperf3 port), every SAMPLE_SECONDS."""
+        ss = shutil.which("ss")
+        if ss is None:
+            return
+        peer = f"[{self.test.address}]" if ":" in self.test.address else self.test.address
+        cmd = [ss, "-tinH", "state", "established", "dst", peer, "dport", f"= :{self.test.port}"]
+        started = time.monotonic()
+        while True:
+            at = time.monotonic()
+            proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
+            try:
+                out, _ = await proc.communicate()
+            except asyncio.CancelledError:  # the test ended: no ss left behind
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+                raise
+            self.samples.append((at - started, delivered_bytes(out.decode(errors="replace"), self.test.direction)))
+            delivered = self.delivered()
+            if delivered:
+                self._check(delivered)
+            await asyncio.sleep(max(0.0, SAMPLE_SECONDS - (time.monotonic() - at)))
 
     async def read(self, stream: asyncio.StreamReader | None) -> bytes:
         """All of stdout (bounded), watching the intervals go by."""
@@ -304,11 +349,8 @@ class _SteadyState:
             if interval is None:
                 continue
             self.intervals.append(interval)  # after convergence too: what the test moved until it stopped
-            if self.rate is None:
-                self.rate = self.detector.rate(self.intervals, self.test.rtt_hint_seconds)
-                if self.rate is not None:
-                    with contextlib.suppress(ProcessLookupError):
-                        self.proc.send_signal(signal.SIGINT)  # iperf3 stops the test and exits
+            if not self.delivered():  # no socket shows its delivered bytes: iperf3's intervals decide
+                self._check(self.intervals)
         return b"".join(lines)
 
     def result(self, out: bytes, err: bytes) -> ThroughputResult:
@@ -323,7 +365,9 @@ class _SteadyState:
             reason = classify_error(detail) if intervals == [] else "error"
             raise ProbeFailure(reason, f"iperf3 stopped after {ran:g} of {test.duration_seconds:g} s "
                                        f"without a steady rate: {detail}")  # fmt: skip
-        rate = self.rate if converged else self.detector.rate(intervals, test.rtt_hint_seconds, final=True)
+        delivered = self.delivered()
+        final = delivered or intervals
+        rate = self.rate if converged else self.detector.rate(final, test.rtt_hint_seconds, final=True)
         if rate is None or not math.isfinite(rate):
             raise ProbeFailure("error", "iperf3's intervals give no rate")
         bits = sum(i.bits_per_second * i.seconds for i in intervals)
@@ -331,8 +375,8 @@ class _SteadyState:
         return ThroughputResult(
             protocol=test.protocol, streams=test.streams, direction=test.direction,
             duration_seconds=ran, omit_seconds=0, congestion=test.congestion, target_bits_per_second=None,
-            # The client's intervals: the sender's side with "send", the receiver's with -R; at a
-            # steady rate the two are the same (the bytes in flight no longer grow).
+            # What the peer acknowledged ("send") or this host received (-R): the receiver's side
+            # (iperf3's own intervals where no socket showed it; at a steady rate the same).
             receiver_bytes_per_second=rate / 8, sender_bytes_per_second=rate / 8,
             bytes_transferred=int(bits / 8), retransmits=sum(retransmits) if retransmits else None,
             timestamp=time.time(), iperf3_version="", converged=converged,
