@@ -43,7 +43,7 @@ def row(rtt: float, rate: float, streams: int) -> list[str]:
     client = ["iperf3", "-c", DST, "-t", "10", "-i", "0.1", "-f", "k", "-P", str(streams)]
     for attempt in range(5):  # the server may still be closing the previous test (busy)
         try:
-            out, delivered = with_delivered(client)
+            out, delivered, _ = with_delivered(client)
             break
         except RuntimeError as exc:
             if "busy" not in str(exc) or attempt == 4:

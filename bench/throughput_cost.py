@@ -31,7 +31,15 @@ from pathlib import Path
 
 import yaml
 
-from pathprobe.probes.steady import Detector, Interval, delivered_bytes, delivered_intervals, mean_rate, parse_interval
+from pathprobe.probes.steady import (
+    Detector,
+    Interval,
+    delivered_bytes,
+    delivered_intervals,
+    mean_rate,
+    parse_interval,
+    wire_bytes,
+)
 from pathprobe_lab import net, shaping
 from pathprobe_lab.state import State, in_ns, ns
 from pathprobe_lab.topology import PathSpec, Topology, address
@@ -63,21 +71,21 @@ def shape(rate: float, rtt: float) -> None:
     shaping.set_path(state, "dst", "src", PathSpec(None, rtt / 2, 0.0, cls))
 
 
-def sample_delivered(stop: threading.Event, out: list[tuple[float, int]]) -> None:
-    """(seconds, bytes the server acknowledged on every connection to it) every 0.1 s, as the
-    prober reads them (probes/steady.py)."""
+def sample_delivered(stop: threading.Event, out: list[tuple[float, int, int]]) -> None:
+    """(seconds, bytes the server acknowledged, bytes sent) on every connection to it, every
+    0.1 s, as the prober reads them (probes/steady.py)."""
     cmd = in_ns(ns("src"), ["ss", "-tinH", "state", "established", "dst", DST, "dport", "= :5201"])
     while not stop.is_set():
         at = time.monotonic()
         text = subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
-        out.append((at, delivered_bytes(text, "send")))
+        out.append((at, delivered_bytes(text, "send"), wire_bytes(text, "send")))
         time.sleep(max(0.0, 0.1 - (time.monotonic() - at)))
 
 
-def with_delivered(cmd: list[str]) -> tuple[str, list[Interval]]:
-    """Run `cmd` in src (an iperf3 client) while sampling the bytes it delivered: (its output,
-    the delivered intervals)."""
-    samples: list[tuple[float, int]] = []
+def with_delivered(cmd: list[str]) -> tuple[str, list[Interval], int]:
+    """Run `cmd` in src (an iperf3 client) while sampling what it delivered: (its output, the
+    delivered intervals, the bytes it put on the wire)."""
+    samples: list[tuple[float, int, int]] = []
     stop = threading.Event()
     sampler = threading.Thread(target=sample_delivered, args=(stop, samples))
     sampler.start()
@@ -86,11 +94,19 @@ def with_delivered(cmd: list[str]) -> tuple[str, list[Interval]]:
     finally:
         stop.set()
         sampler.join()
-    return out, delivered_intervals(samples)
+    return out, delivered_intervals([(t, n) for t, n, _ in samples]), max((w for *_, w in samples), default=0)
 
 
 def row(rate: float, rtt: float, streams: int, record: Path | None) -> list[str]:
-    trace, delivered = with_delivered(["iperf3", "-c", DST, "-t", "10", "-i", "0.1", "-f", "k", "-P", str(streams)])
+    client = ["iperf3", "-c", DST, "-t", "10", "-i", "0.1", "-f", "k", "-P", str(streams)]
+    for attempt in range(5):  # the server may still be closing the previous test (busy)
+        try:
+            trace, delivered, wire = with_delivered(client)
+            break
+        except RuntimeError as exc:
+            if "busy" not in str(exc) or attempt == 4:
+                raise
+            time.sleep(1)
     if record is not None:
         name = f"rtt{rtt * 1e3:g}ms-{rate / 1e6:g}M-P{streams}.txt"
         (record / name).write_text(f"streams {streams} rtt {rtt:g}\n{trace}")
@@ -99,7 +115,7 @@ def row(rate: float, rtt: float, streams: int, record: Path | None) -> list[str]
     # prober's detector reads).
     end = min(delivered[-1].end, 10.0)
     steady = mean_rate(delivered, end - 5, end) or 0.0
-    full_bytes = sum(i.bits_per_second * i.seconds for i in intervals) / 8
+    full_bytes = wire or sum(i.bits_per_second * i.seconds for i in intervals) / 8  # on the wire, as the prober counts
     got = json.loads(in_src([*PATHPROBE, "probe", "throughput", DST, "-t", "10", "-P", str(streams),
                              "--steady-state", "--rtt-hint", f"{rtt:g}", "--json"]))  # fmt: skip
     measured = got["receiver_bytes_per_second"] * 8

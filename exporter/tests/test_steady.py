@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from pathprobe.probes import ProbeFailure, ThroughputProber, ThroughputTest
-from pathprobe.probes.steady import Detector, Interval, delivered_bytes, delivered_intervals, mean_rate, parse_interval
+from pathprobe.probes.steady import (
+    Detector,
+    Interval,
+    delivered_bytes,
+    delivered_intervals,
+    mean_rate,
+    parse_interval,
+    wire_bytes,
+)
 from pathprobe.probes.throughput import _SteadyState
 
 # iperf3 3.12, -P 2 -i 0.2 -f k, on loopback.
@@ -168,6 +176,8 @@ ESTAB 0 2896 198.18.1.2:40318 198.18.2.2:5201
 def test_delivered_bytes_are_the_peers_acknowledgements_or_what_this_host_received() -> None:
     assert delivered_bytes(SS, "send") == 147 + 24903680
     assert delivered_bytes(SS, "receive") == 4
+    assert wire_bytes(SS, "send") == 146 + 25165824  # what is billed: retransmissions included
+    assert wire_bytes(SS, "receive") == 4
     samples = [(0.0, 0), (0.1, 0), (0.2, 1000), (0.3, 26000), (0.4, 51000)]
     got = delivered_intervals(samples)
     assert [round(i.start, 3) for i in got] == [0.0, 0.1, 0.2]  # from the sample before the first byte

@@ -121,14 +121,21 @@ def mean_rate(intervals: list[Interval], start: float, end: float) -> float | No
     return bits / seconds if seconds > 0.5 * (end - start) else None
 
 
-# `ss -tinH` prints each socket's TCP info on one line: "... bytes_acked:123 bytes_received:45 ...".
+# `ss -tinH` prints each socket's TCP info on one line: "... bytes_sent:130 bytes_acked:123 bytes_received:45 ...".
 _DELIVERED = {"send": re.compile(r"\bbytes_acked:(\d+)"), "receive": re.compile(r"\bbytes_received:(\d+)")}
+# On the wire (what is billed): sent, retransmissions included; or received.
+_WIRE = {"send": re.compile(r"\bbytes_sent:(\d+)"), "receive": _DELIVERED["receive"]}
 
 
 def delivered_bytes(ss_output: str, direction: str) -> int:
     """Bytes the test's sockets delivered so far: acknowledged by the peer ("send"), or
     received from it ("receive"), summed over the sockets `ss -tin` shows."""
     return sum(int(n) for n in _DELIVERED[direction].findall(ss_output))
+
+
+def wire_bytes(ss_output: str, direction: str) -> int:
+    """Bytes the test's sockets put on the wire so far (retransmissions included), or received."""
+    return sum(int(n) for n in _WIRE[direction].findall(ss_output))
 
 
 def delivered_intervals(samples: list[tuple[float, int]]) -> list[Interval]:

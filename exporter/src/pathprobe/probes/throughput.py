@@ -17,7 +17,7 @@ from typing import Any
 from .. import procs
 from ..config import Iperf3Settings, ThroughputSettings, default
 from .base import ProbeFailure, Reason
-from .steady import Detector, Interval, delivered_bytes, delivered_intervals, parse_interval
+from .steady import Detector, Interval, delivered_bytes, delivered_intervals, parse_interval, wire_bytes
 
 # iperf3's reporting interval for a steady-state test, and how often its delivered bytes are read.
 INTERVAL_SECONDS = SAMPLE_SECONDS = 0.1
@@ -291,6 +291,7 @@ class _SteadyState:
         self.test, self.proc, self.detector = test, proc, test.steady
         self.intervals: list[Interval] = []  # iperf3's
         self.samples: list[tuple[float, int]] = []  # (seconds, bytes delivered so far)
+        self.wire = 0  # bytes on the wire so far (the last sample's)
         self.rate: float | None = None  # bits/s, once converged
 
     def delivered(self) -> list[Interval]:
@@ -323,7 +324,9 @@ class _SteadyState:
                     proc.kill()
                 await proc.wait()
                 raise
-            self.samples.append((at - started, delivered_bytes(out.decode(errors="replace"), self.test.direction)))
+            text = out.decode(errors="replace")
+            self.samples.append((at - started, delivered_bytes(text, self.test.direction)))
+            self.wire = max(self.wire, wire_bytes(text, self.test.direction))
             delivered = self.delivered()
             if delivered:
                 self._check(delivered)
@@ -370,7 +373,9 @@ class _SteadyState:
         rate = self.rate if converged else self.detector.rate(final, test.rtt_hint_seconds, final=True)
         if rate is None or not math.isfinite(rate):
             raise ProbeFailure("error", "iperf3's intervals give no rate")
-        bits = sum(i.bits_per_second * i.seconds for i in intervals)
+        # What went on the wire, from the sockets (iperf3's intervals count what it wrote into its
+        # socket buffers, several seconds' worth at the start of a test with large buffers).
+        sent = self.wire or int(sum(i.bits_per_second * i.seconds for i in intervals) / 8)
         retransmits = [i.retransmits for i in intervals if i.retransmits is not None]
         return ThroughputResult(
             protocol=test.protocol, streams=test.streams, direction=test.direction,
@@ -378,6 +383,6 @@ class _SteadyState:
             # What the peer acknowledged ("send") or this host received (-R): the receiver's side
             # (iperf3's own intervals where no socket showed it; at a steady rate the same).
             receiver_bytes_per_second=rate / 8, sender_bytes_per_second=rate / 8,
-            bytes_transferred=int(bits / 8), retransmits=sum(retransmits) if retransmits else None,
+            bytes_transferred=sent, retransmits=sum(retransmits) if retransmits else None,
             timestamp=time.time(), iperf3_version="", converged=converged,
         )  # fmt: skip
