@@ -27,7 +27,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 
@@ -40,6 +42,7 @@ from pathprobe.probes.steady import (
     parse_interval,
     wire_bytes,
 )
+from pathprobe.probes.throughput import classify_error
 from pathprobe_lab import net, shaping
 from pathprobe_lab.state import State, in_ns, ns
 from pathprobe_lab.topology import PathSpec, Topology, address
@@ -53,6 +56,7 @@ hosts:
 """)
 )
 DST = address(2)
+T = TypeVar("T")
 RTTS, RATES, STREAMS = (0.001, 0.008, 0.074, 0.150), (200e6, 500e6), (1, 4)
 
 
@@ -97,27 +101,37 @@ def with_delivered(cmd: list[str]) -> tuple[str, list[Interval], int]:
     return out, delivered_intervals([(t, n) for t, n, _ in samples]), max((w for *_, w in samples), default=0)
 
 
-def row(rate: float, rtt: float, streams: int, record: Path | None) -> list[str]:
-    client = ["iperf3", "-c", DST, "-t", "10", "-i", "0.1", "-f", "k", "-P", str(streams)]
-    for attempt in range(5):  # the server may still be closing the previous test (busy)
+def retried(run: Callable[[], T]) -> T:
+    """`run`, again while the server is still closing the previous test (busy; iperf3 3.12 also
+    resets a client that connects while it reopens its socket)."""
+    for attempt in range(5):
         try:
-            trace, delivered, wire = with_delivered(client)
-            break
+            return run()
         except RuntimeError as exc:
-            if "busy" not in str(exc) or attempt == 4:
+            if classify_error(str(exc)) != "busy" or attempt == 4:
                 raise
             time.sleep(1)
+    raise AssertionError("unreachable")
+
+
+def row(rate: float, rtt: float, streams: int, record: Path | None) -> list[str]:
+    client = ["iperf3", "-c", DST, "-t", "10", "-i", "0.1", "-f", "k", "-P", str(streams)]
+    trace, delivered, wire = retried(lambda: with_delivered(client))
     if record is not None:
         name = f"rtt{rtt * 1e3:g}ms-{rate / 1e6:g}M-P{streams}.txt"
         (record / name).write_text(f"streams {streams} rtt {rtt:g}\n{trace}")
+        # What the prober's detector reads: the delivered bytes' intervals (start end bits/s).
+        lines = "".join(f"{i.start:.3f} {i.end:.3f} {i.bits_per_second:.0f}\n" for i in delivered)
+        (record / "delivered" / name).write_text(f"streams {streams} rtt {rtt:g}\n{lines}")
     intervals = [i for line in trace.splitlines() if (i := parse_interval(line, streams))]
     # The steady state: what the server acknowledged over the test's last 5 s (the measure the
     # prober's detector reads).
     end = min(delivered[-1].end, 10.0)
     steady = mean_rate(delivered, end - 5, end) or 0.0
     full_bytes = wire or sum(i.bits_per_second * i.seconds for i in intervals) / 8  # on the wire, as the prober counts
-    got = json.loads(in_src([*PATHPROBE, "probe", "throughput", DST, "-t", "10", "-P", str(streams),
-                             "--steady-state", "--rtt-hint", f"{rtt:g}", "--json"]))  # fmt: skip
+    probe = [*PATHPROBE, "probe", "throughput", DST, "-t", "10", "-P", str(streams), "--steady-state", "--rtt-hint",
+             f"{rtt:g}", "--json"]  # fmt: skip
+    got = json.loads(retried(lambda: in_src(probe)))
     measured = got["receiver_bytes_per_second"] * 8
     off = measured / steady - 1
     share = got["bytes_transferred"] / full_bytes
@@ -156,7 +170,7 @@ def main() -> int:
         print_table([replayed(t) for t in sorted(args.replay.glob("*.txt"))], "trace")
         return 0
     if args.record:
-        args.record.mkdir(parents=True, exist_ok=True)
+        (args.record / "delivered").mkdir(parents=True, exist_ok=True)
     net.up(TOPOLOGY)
     serve = subprocess.Popen(in_ns(ns("dst"), [*PATHPROBE, "serve", "--listen", DST, "--allow", "198.18.0.0/15"]),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
