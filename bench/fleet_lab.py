@@ -12,7 +12,6 @@ It builds its own lab (tearing down any running one: do not run it beside the te
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
+from exporter_bench import cpu_seconds, rss_mb
 from fleet import series_model
 
 from pathprobe.config import Config
@@ -34,19 +34,6 @@ from pathprobe_lab.topology import Topology, address
 PROBES = {"throughput": {"enabled": False}, "rtt": {"interval_seconds": 1.0}, "loss": {"rate_pps": 1},
           "mtu": {"sizes": [1500]}}  # fmt: skip
 MESH = {"rtt": {"kind": "hierarchical", "scope": "region", "representatives": 2}}
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def scrape(addr: str) -> tuple[float, int]:
@@ -103,7 +90,7 @@ def main() -> int:
             before = {n: cpu_seconds(p) for n, p in pids.items()}
             time.sleep(args.seconds)
             cpu = {n: (cpu_seconds(p) - before[n]) / args.seconds for n, p in pids.items()}
-            rss = {n: rss_mib(p) for n, p in pids.items()}
+            rss = {n: rss_mb(p) for n, p in pids.items()}
             scrapes = {n: [scrape(a) for _ in range(5)] for n, a in addrs.items()}
             with urllib.request.urlopen(f"http://{addrs['h00']}:{METRICS_PORT}/metrics", timeout=10) as r:
                 (Path(tempfile.gettempdir()) / "fleet_lab-h00.prom").write_bytes(r.read())

@@ -68,6 +68,16 @@ PASS_THROUGH = ["pathprobe_probes", "pathprobe_mesh", "pathprobe_schedule", "pat
                 "pathprobe_responders", "pathprobe_iperf3"]  # fmt: skip
 
 
+def local_play(tmp_path: Path, inventory: dict, play: list[dict], extra: dict) -> subprocess.CompletedProcess[str]:
+    """ansible-playbook of `play` over `inventory` (written in tmp_path) with `extra` vars."""
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    return run([str(BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml"),
+                "-e", json.dumps(extra)],
+               env={"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
+                    "ANSIBLE_NOCOLOR": "1", "HOME": str(tmp_path)})  # fmt: skip
+
+
 def render_role_config(tmp_path: Path, extra: dict) -> tuple[subprocess.CompletedProcess[str], Path]:
     """The role's config template for host a of a two-host mesh, with the role's defaults and
     `extra` as extra vars, checked by `pathprobe check-config` as the role does."""
@@ -85,12 +95,7 @@ def render_role_config(tmp_path: Path, extra: dict) -> tuple[subprocess.Complete
         {"name": "Template", "ansible.builtin.template": {
             "src": str(ROLE / "templates" / "pathprobe.yaml.j2"), "dest": str(out), "mode": "0644",
             "validate": f"{BIN / 'pathprobe'} check-config %s"}}]}]  # fmt: skip
-    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
-    proc = run([str(BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml"),
-                "-e", json.dumps(extra)],
-               env={"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
-                    "ANSIBLE_NOCOLOR": "1", "HOME": str(tmp_path)})  # fmt: skip
+    proc = local_play(tmp_path, inventory, play, extra)
     return proc, out
 
 
@@ -151,12 +156,7 @@ def render_config_change(tmp_path: Path, members: list[str], extra: dict) -> tup
             "mode": "0644", "validate": f"{BIN / 'pathprobe'} check-config %s"}},
         {"name": "Note", "ansible.builtin.copy": {"content": "{{ pathprobe_config_needs_restart }}",
                                                   "dest": str(tmp_path / "restart"), "mode": "0644"}}]}]  # fmt: skip
-    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
-    proc = run([str(BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml"),
-                "-e", json.dumps(extra)],
-               env={"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
-                    "ANSIBLE_NOCOLOR": "1", "HOME": str(tmp_path)})  # fmt: skip
+    proc = local_play(tmp_path, inventory, play, extra)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     return yaml.safe_load((tmp_path / "pathprobe.yaml").read_text()), (tmp_path / "restart").read_text() == "True"
 
