@@ -19,9 +19,9 @@ from pathlib import Path
 
 import yaml
 
-from pathprobe.collector import registry
 from pathprobe.config import Config
 from pathprobe.exporter import Exporter
+from pathprobe.metrics import TestKey, registry
 from pathprobe.probes import ThroughputResult
 from pathprobe.web import serve
 
@@ -51,24 +51,24 @@ def scrape_latency(peers: int = 500, scrapes: int = 300) -> dict[str, float]:
     """Fill the registry as 500 peers' probes would, then time scrapes over HTTP."""
     cfg = Config.model_validate(mesh(peers, throughput={"protocols": ["tcp", "udp"], "streams": [1, 8]}))
     exporter = Exporter(cfg)
-    store = exporter.store
+    rooms = exporter.rooms
     rnd = random.Random(1)
     for peer in cfg.peers:
         for proto in ("tcp", "udp"):
             for _ in range(200):
-                store.observe_rtt(peer.name, proto, rnd.uniform(0.001, 0.2))
+                rooms.rtt.observe(peer.name, proto, rnd.uniform(0.001, 0.2))
         for key in cfg.throughput_for(peer).tests():
             protocol, streams, direction = key
             r = ThroughputResult(protocol, int(streams), direction, 5, 1, None, None, 6e8, 6e8, 3 * 10**9,
                                  retransmits=3, timestamp=time.time())  # fmt: skip
-            store.record_throughput((peer.name, *key), r)
-    server = serve(cfg.web, registry(exporter.collector))
+            rooms.throughput.record(TestKey.of(peer.name, key), r)
+    server = serve(cfg.web, registry(exporter.rooms))
     url = "http://127.0.0.1:19469/metrics"
     times, body = [], b""
     try:
         for _ in range(scrapes):
             # Probes keep writing while Prometheus scrapes.
-            store.observe_rtt(cfg.peers[0].name, "tcp", 0.01)
+            rooms.rtt.observe(cfg.peers[0].name, "tcp", 0.01)
             start = time.perf_counter()
             # As Prometheus asks: gzip accepted.
             request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})

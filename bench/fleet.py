@@ -6,7 +6,7 @@ the daily byte budget, 50 GB by default, stops a host).
 
 Run: .venv/bin/python bench/fleet.py [--slot-seconds 120] [--test-gb 0.6] [--tests-per-turn 2]   (a few seconds)
 
-Series per peer and per host are measured on the exporter's own collector (`series_model`,
+Series per peer and per host are measured on the exporter's own rooms (`series_model`,
 default probes: printed first); RTT and UDP echo at 10/s each per peer
 (the defaults); a global Prometheus that receives only the region-pair recording rules
 (alerts/pathprobe.rules.yml, group pathprobe.region_pairs), 11 series per ordered region pair
@@ -27,13 +27,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[1] / "exporter" / "src"))
 from prometheus_client.parser import text_string_to_metric_families
 
-from pathprobe.collector import registry
 from pathprobe.config import Config
 from pathprobe.exporter import Exporter
 from pathprobe.mesh import Member, Policy, links
+from pathprobe.metrics import TestKey, registry
+from pathprobe.metrics.rtt import STATES
 from pathprobe.probes import ThroughputResult
 from pathprobe.schedule import Schedule
-from pathprobe.store import STATES
 from pathprobe.web import Snapshot, Stats
 
 # Global view per ordered region pair (intra-region pairs too), default tests (tcp x1 and x8 send):
@@ -62,9 +62,9 @@ class SeriesModel:
 
 
 def series_model(settings: dict | None = None) -> SeriesModel:
-    """Measured on the real collector, not assumed: an exporter with one peer in its region and
+    """Measured on the real rooms, not assumed: an exporter with one peer in its region and
     one outside it (compact), with these config sections (`probes`, `budget`, ...; default:
-    the defaults), its store filled as healthy probing fills it (every test run, RTT and echo
+    the defaults), its rooms filled as healthy probing fills them (every test run, RTT and echo
     samples in both states, every MTU size carried), as /metrics serves it."""
     sides = [("near", "a", "intra_region"), ("far", "b", "inter_region")]
     peers = [{"name": name, "address": f"127.0.0.{i + 2}", "region": region, "path_class": cls}
@@ -76,33 +76,34 @@ def series_model(settings: dict | None = None) -> SeriesModel:
         "tcp_rmem_max_bytes": 6291456, "tcp_wmem_max_bytes": 4194304, "tcp_window_share": 0.5,
     })  # fmt: skip
     ex = Exporter(cfg)
-    s = ex.store
+    rooms = ex.rooms
     states = STATES if cfg.half_slot_need(with_margin=False) else ("idle",)  # "loaded": only beside tests
     for peer in cfg.peers:
         for state in states:
-            s.load_state = lambda _peer, _now, state=state: state
+            ex.load_state = lambda _peer, _now, state=state: state  # type: ignore[method-assign]
             for protocol in ("tcp", "udp") if cfg.probes.loss.enabled else ("tcp",):
-                s.observe_rtt(peer.name, protocol, 0.01)
+                rooms.rtt.observe(peer.name, protocol, 0.01)
         t = cfg.throughput_for(peer)
         for key in t.tests() if t.enabled else []:
             result = ThroughputResult(key[0], int(key[1]), key[2], 5, 1, None, None, 6e8, 6e8, 3 * 10**9,
                                       retransmits=0, timestamp=1.0)  # fmt: skip
-            s.record_throughput((peer.name, *key), result)
+            rooms.throughput.record(TestKey.of(peer.name, key), result)
         for probe in ("rtt", "loss"):
-            s.success(probe, peer.name)
-            s.bytes_sent[probe, peer.name] += 1
-        s.udp_jitter[peer.name], s.worst_flow_loss[peer.name] = 0.0, 0.0
-        s.lost_by_direction[peer.name] = (0, 0)
-        for protocol in ("tcp", "udp"):
-            s.flows_failing[peer.name, protocol] = 0
+            rooms.outcomes.success(probe, peer.name)
+            rooms.outcomes.moved(probe, peer.name, 1)
+        echo = rooms.echo_sink(peer.name)
+        echo.jitter(0.0)
+        echo.flows_failing(0, 0.0)
+        echo.lost_by_direction(0, 0)
+        rooms.echo.flows_failing(peer.name, "tcp", 0)
         if cfg.probes.mtu.enabled:
+            mtu = rooms.mtu_sink(peer.name)
             for size in cfg.probes.mtu.sizes_for(peer.path_class.value):
-                s.mtu[peer.name, size] = (True, 1.0)
-                s.success("mtu", peer.name)
+                mtu.mtu(size, True, None)
     for responder in ("rr", "echo"):  # it answered its peers
-        s.count_request(responder, "accepted")
+        rooms.host.count_request(responder, "accepted")
     # As /metrics serves it: the snapshot and its trailer (age, render time, refused connections).
-    text = Snapshot(registry(ex.collector), stats=Stats()).get().decode()
+    text = Snapshot(registry(ex.rooms), stats=Stats()).get().decode()
     count = {"near": 0, "far": 0, "": 0}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -165,7 +166,7 @@ def main() -> int:
             "notes"]  # fmt: skip
     model = series_model()
     print(
-        f"series per exporter (measured on the collector, default probes): {model.base} of its own, "
+        f"series per exporter (measured on the rooms, default probes): {model.base} of its own, "
         f"{model.full} per peer, {model.compact} per compact peer (mesh.compact_outside)\n"
     )
     rows = [row(h, r, name, args, model) for h, r in FLEETS for name in POLICIES]

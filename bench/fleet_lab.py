@@ -3,7 +3,7 @@ regions, hierarchical peer selection (a full mesh in each region, 2 links per re
 low probe rates (RTT 1/s, echo 1/s, MTU every 10 s; no throughput tests: they would measure
 this 2-core machine, not the exporters). Prints, per exporter: CPU share and RSS over a
 window, /metrics scrape time, and the series it exposes against what bench/fleet.py's model
-predicts for its links (the model is measured on the collector: fleet.series_model).
+predicts for its links (the model is measured on the rooms: fleet.series_model).
 
 Run as root: .venv/bin/python bench/fleet_lab.py [--hosts 40] [--regions 5] [--seconds 60]
 It builds its own lab (tearing down any running one: do not run it beside the tests).
@@ -23,7 +23,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 from exporter_bench import cpu_seconds, rss_mb
-from fleet import series_model
+from fleet import SeriesModel, series_model
 
 from pathprobe.config import Config
 from pathprobe_lab import net
@@ -45,6 +45,24 @@ def scrape(addr: str) -> tuple[float, int]:
     return took, sum(1 for line in text.splitlines() if line and not line.startswith("#"))
 
 
+def start_exporters(
+    topo: Topology, work: Path, model: SeriesModel
+) -> tuple[dict[str, int], dict[str, int], dict[str, str]]:
+    """An exporter in every host: (pids, series the model predicts, addresses), by host."""
+    pids, expected, addrs = {}, {}, {}
+    for i, h in enumerate(topo.hosts, start=1):
+        cfg = exporter_config(topo, h.name, work, 60, PROBES) | {"mesh": MESH}
+        cfg_file = work / f"{h.name}.yaml"
+        cfg_file.write_text(yaml.safe_dump(cfg))
+        parsed = Config.model_validate(cfg)
+        expected[h.name] = model.per_host(len(parsed.rtt_peers))
+        addrs[h.name] = address(i)
+        proc = spawn(in_ns(ns(h.name), [sys.executable, "-m", "pathprobe", "run", "--config", str(cfg_file)]),
+                     work / f"{h.name}.log", f"exporter {h.name}")  # fmt: skip
+        pids[h.name] = proc.pid
+    return pids, expected, addrs
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hosts", type=int, default=40)
@@ -60,19 +78,9 @@ def main() -> int:
         net.up(topo)
         print(f"lab of {args.hosts} hosts up in {time.monotonic() - started:.0f} s")
         try:
-            pids, expected, addrs = {}, {}, {}
             sample = exporter_config(topo, topo.hosts[0].name, work, 60, PROBES)
             model = series_model({k: sample[k] for k in ("probes", "schedule", "budget")})
-            for i, h in enumerate(topo.hosts, start=1):
-                cfg = exporter_config(topo, h.name, work, 60, PROBES) | {"mesh": MESH}
-                cfg_file = work / f"{h.name}.yaml"
-                cfg_file.write_text(yaml.safe_dump(cfg))
-                parsed = Config.model_validate(cfg)
-                expected[h.name] = model.per_host(len(parsed.rtt_peers))
-                addrs[h.name] = address(i)
-                proc = spawn(in_ns(ns(h.name), [sys.executable, "-m", "pathprobe", "run", "--config", str(cfg_file)]),
-                             work / f"{h.name}.log", f"exporter {h.name}")  # fmt: skip
-                pids[h.name] = proc.pid
+            pids, expected, addrs = start_exporters(topo, work, model)
             deadline = time.monotonic() + 180
             waiting = set(addrs)
             while waiting and time.monotonic() < deadline:

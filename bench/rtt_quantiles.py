@@ -51,19 +51,25 @@ def histogram_quantile(q: float, samples: list[float]) -> float:
 
 
 async def measure(address: str, seconds: float) -> dict[str, float]:
-    """Inside the source host: one RTT prober teed into raw samples and an exporter store."""
-    from pathprobe.config import RttSettings
+    """Inside the source host: one RTT prober teed into raw samples and an exporter's RTT room."""
+    from pathprobe.config import Config, RttSettings
+    from pathprobe.metrics.echo import EchoRoom
+    from pathprobe.metrics.outcomes import OutcomesRoom
+    from pathprobe.metrics.rtt import RttRoom, RttSink
     from pathprobe.probes import RttProber, Target
     from pathprobe.probes.base import RttTee
     from pathprobe.probes.report import ReportSink, RttReport, Summary
-    from pathprobe.store import Store
 
     settings = RttSettings()
-    raw, store = RttReport("tcp", settings.interval_seconds, settings.size_bytes), Store()
+    raw = RttReport("tcp", settings.interval_seconds, settings.size_bytes)
+    peer = {"name": "d", "address": address, "region": "r", "path_class": "intra_region"}
+    cfg = Config.model_validate({"host": {"name": "s", "address": "127.0.0.1", "region": "r"}, "peers": [peer]})
+    room = RttRoom(cfg, lambda peer, now: "idle")
     count = int(seconds / settings.interval_seconds)
-    sink = RttTee(ReportSink(raw), store.rtt_sink("d", 1))
+    exporter_sink = RttSink(room, OutcomesRoom(cfg).ledger("rtt"), EchoRoom(cfg, room.load_state, room), "d", 1)
+    sink = RttTee(ReportSink(raw), exporter_sink)
     await RttProber(Target(address, 9470), settings, sink).run(count=count)
-    shown = store.rtt["d", "tcp", "idle"].quantiles(time.time())
+    shown = room.windows["d", "tcp", "idle"].quantiles(time.time())
     s = Summary.of(raw.rtts)
     assert s is not None
     return {"n": len(raw.rtts), "raw_p50": s.p50, "raw_p99": s.p99, "shown_p50": shown[0.5],

@@ -33,15 +33,7 @@ from typing import TypeVar
 
 import yaml
 
-from pathprobe.probes.steady import (
-    Detector,
-    Interval,
-    delivered_bytes,
-    delivered_intervals,
-    mean_rate,
-    parse_interval,
-    wire_bytes,
-)
+from pathprobe.probes import steady as steady_state
 from pathprobe.probes.throughput import classify_error
 from pathprobe_lab import net, shaping
 from pathprobe_lab.state import State, in_ns, ns
@@ -82,11 +74,11 @@ def sample_delivered(stop: threading.Event, out: list[tuple[float, int, int]]) -
     while not stop.is_set():
         at = time.monotonic()
         text = subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
-        out.append((at, delivered_bytes(text, "send"), wire_bytes(text, "send")))
+        out.append((at, steady_state.delivered_bytes(text, "send"), steady_state.wire_bytes(text, "send")))
         time.sleep(max(0.0, 0.1 - (time.monotonic() - at)))
 
 
-def with_delivered(cmd: list[str]) -> tuple[str, list[Interval], int]:
+def with_delivered(cmd: list[str]) -> tuple[str, list[steady_state.Interval], int]:
     """Run `cmd` in src (an iperf3 client) while sampling what it delivered: (its output, the
     delivered intervals, the bytes it put on the wire)."""
     samples: list[tuple[float, int, int]] = []
@@ -98,7 +90,11 @@ def with_delivered(cmd: list[str]) -> tuple[str, list[Interval], int]:
     finally:
         stop.set()
         sampler.join()
-    return out, delivered_intervals([(t, n) for t, n, _ in samples]), max((w for *_, w in samples), default=0)
+    return (
+        out,
+        steady_state.delivered_intervals([(t, n) for t, n, _ in samples]),
+        max((w for *_, w in samples), default=0),
+    )
 
 
 def retried(run: Callable[[], T]) -> T:
@@ -123,11 +119,11 @@ def row(rate: float, rtt: float, streams: int, record: Path | None) -> list[str]
         # What the prober's detector reads: the delivered bytes' intervals (start end bits/s).
         lines = "".join(f"{i.start:.3f} {i.end:.3f} {i.bits_per_second:.0f}\n" for i in delivered)
         (record / "delivered" / name).write_text(f"streams {streams} rtt {rtt:g}\n{lines}")
-    intervals = [i for line in trace.splitlines() if (i := parse_interval(line, streams))]
+    intervals = [i for line in trace.splitlines() if (i := steady_state.parse_interval(line, streams))]
     # The steady state: what the server acknowledged over the test's last 5 s (the measure the
     # prober's detector reads).
     end = min(delivered[-1].end, 10.0)
-    steady = mean_rate(delivered, end - 5, end) or 0.0
+    steady = steady_state.mean_rate(delivered, end - 5, end) or 0.0
     full_bytes = wire or sum(i.bits_per_second * i.seconds for i in intervals) / 8  # on the wire, as the prober counts
     probe = [*PATHPROBE, "probe", "throughput", DST, "-t", "10", "-P", str(streams), "--steady-state", "--rtt-hint",
              f"{rtt:g}", "--json"]  # fmt: skip
@@ -146,15 +142,15 @@ def replayed(trace: Path) -> list[str]:
     """A recorded 10 s trace's row: where the detector would have stopped it."""
     first, *lines = trace.read_text().splitlines()
     _, streams, _, rtt = first.split()
-    intervals = [i for line in lines if (i := parse_interval(line, int(streams)))]
+    intervals = [i for line in lines if (i := steady_state.parse_interval(line, int(streams)))]
     end = intervals[-1].end
-    steady = mean_rate(intervals, end - 5, end) or 0.0
-    stop = Detector().replay(intervals, float(rtt))
+    steady = steady_state.mean_rate(intervals, end - 5, end) or 0.0
+    stop = steady_state.Detector().replay(intervals, float(rtt))
     if stop is None:
         return [f"{float(rtt) * 1e3:g}", trace.stem, streams, f"{steady / 1e6:.1f}", *["-"] * 4, "never settled"]
     seconds, rate = stop
     off = rate / steady - 1
-    share = (mean_rate(intervals, 0, seconds) or 0.0) * seconds / (steady * 10)
+    share = (steady_state.mean_rate(intervals, 0, seconds) or 0.0) * seconds / (steady * 10)
     checks = ((abs(off) > 0.02, "off by more than 2%"), (share > 0.25, "more than 25% of the bytes"))
     missed = [why for bad, why in checks if bad]
     return [f"{float(rtt) * 1e3:g}", trace.stem, streams, f"{steady / 1e6:.1f}", f"{rate / 1e6:.1f}", f"{off:+.1%}",

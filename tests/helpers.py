@@ -97,7 +97,7 @@ def buffer_max(host: str, which: str) -> int:
     return int(in_host(host, ["cat", f"/proc/sys/net/ipv4/tcp_{which}"]).stdout.split()[2])
 
 
-def iperf3(topo: Topology, src: str, dst: str, streams: int, seconds: int, omit: int) -> dict[str, Any]:
+def iperf3(topo: Topology, src: str, dst: str, streams: int, seconds: int, omit: int) -> dict[str, Any]:  # noqa: PLR0913, PLR0917 - iperf3's own options, in its order
     """One plain iperf3 test between two lab hosts (-J output)."""
     server = subprocess.Popen(
         in_ns(ns(dst), ["iperf3", "-s", "-1", "--forceflush", "-p", str(IPERF3_PORT)]), stdout=subprocess.PIPE

@@ -32,7 +32,7 @@ def lab() -> Iterator[None]:
 
 @pytest.mark.parametrize("streams", [1, 4])
 @pytest.mark.parametrize(("src", "dst"), PAIRS)
-def test_the_model_predicts_the_lab_within_5_percent(
+def test_the_model_predicts_the_lab_within_5_percent(  # noqa: PLR0913, PLR0917 - pytest's fixtures and parameters
     lab: None, src: str, dst: str, streams: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     measured, e = measure_and_predict(TOPOLOGY, src, dst, streams, tmp_path)

@@ -111,7 +111,7 @@ from pathprobe.probes import MtuProber, Target
 seen = []
 class Sink:
     def mtu(self, size, carried, reason): seen.append([size, carried, reason])
-prober = MtuProber(Target(sys.argv[1], int(sys.argv[2])), MtuSettings(timeout_seconds=1), [1400, 1500], Sink())
+prober = MtuProber(Target(sys.argv[1], int(sys.argv[2])), MtuSettings(timeout_seconds=1, sizes=[1400, 1500]), Sink())
 asyncio.run(prober.run(rounds=1))
 print(json.dumps(seen))
 """

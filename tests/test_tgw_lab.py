@@ -40,7 +40,7 @@ def lab() -> Iterator[None]:
         ("vpc-b", "vpc-a", 4, "instance"),
     ],
 )  # fmt: skip
-def test_a_transit_gateway_path_is_predicted_within_5_percent(
+def test_a_transit_gateway_path_is_predicted_within_5_percent(  # noqa: PLR0913, PLR0917 - pytest's fixtures and parameters
     lab: None, src: str, dst: str, streams: int, limit: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     measured, e = measure_and_predict(TOPOLOGY, src, dst, streams, tmp_path)

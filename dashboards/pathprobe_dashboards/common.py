@@ -51,6 +51,11 @@ def query(expr: str, legend: str = "", instant: bool = False, fmt: PromQueryForm
     return q.format(fmt) if fmt else q
 
 
+def lines(*pairs: tuple[str, str]) -> list[Dataquery]:
+    """Range queries of one panel from (expr, legend) pairs, lettered A, B, C... in order."""
+    return [query(expr, legend, ref=chr(ord("A") + i)) for i, (expr, legend) in enumerate(pairs)]
+
+
 def steps(*pairs: tuple[float | None, str]) -> ThresholdsConfig:
     return ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps([Threshold(v, c) for v, c in pairs])
 
@@ -62,7 +67,7 @@ def series(title: str, description: str, unit: str, *targets: Dataquery, span: i
     return p
 
 
-def grid(title: str, description: str, unit: str, expr: str, thresholds: ThresholdsConfig,
+def grid(title: str, description: str, unit: str, expr: str, thresholds: ThresholdsConfig,  # noqa: PLR0913, PLR0917 - a panel's texts, query, colours and precision
          decimals: int = 2) -> table.Panel:  # fmt: skip
     """A region x region matrix (perfSONAR MaDDash style): rows source region, columns peer region."""
     return (

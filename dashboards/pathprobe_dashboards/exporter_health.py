@@ -7,7 +7,7 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 
 from pathprobe.monitoring.params import Params
 
-from .common import DS, HALF, QUARTER, dashboard, query, series, steps
+from .common import DS, HALF, QUARTER, dashboard, lines, query, series, steps
 
 
 def build(p: Params) -> Dashboard:
@@ -38,15 +38,15 @@ def build(p: Params) -> Dashboard:
             "Client turns taken per hour, turns that ended on an unexpected error, and scheduled tests skipped "
             "(budget spent or slot over).",
             "short",
-            query(f"increase(pathprobe_schedule_turns_total{{{job}}}[1h])", "turns {{host}}"),
-            query(f"sum by (host, reason) (increase(pathprobe_schedule_turn_errors_total{{{job}}}[1h]))",
-                  "errors {{host}} {{reason}}", ref="B"),
-            query(f"sum by (host, reason) (increase(pathprobe_throughput_skipped_total{{{job}}}[1h]))",
-                  "skipped {{host}} {{reason}}", ref="C")))
+            *lines((f"increase(pathprobe_schedule_turns_total{{{job}}}[1h])", "turns {{host}}"),
+                   (f"sum by (host, reason) (increase(pathprobe_schedule_turn_errors_total{{{job}}}[1h]))",
+                    "errors {{host}} {{reason}}"),
+                   (f"sum by (host, reason) (increase(pathprobe_throughput_skipped_total{{{job}}}[1h]))",
+                    "skipped {{host}} {{reason}}"))))
         .with_panel(series(
             "Byte budget remaining", "Bytes the throughput tests may still move today, per host.", "decbytes",
-            query(f"pathprobe_budget_remaining_bytes{{{job}}}", "{{host}}"),
-            query(f"pathprobe_budget_limit_bytes{{{job}}}", "{{host}} limit", ref="B")))
+            *lines((f"pathprobe_budget_remaining_bytes{{{job}}}", "{{host}}"),
+                   (f"pathprobe_budget_limit_bytes{{{job}}}", "{{host}} limit"))))
         .with_row(Row("Responders"))
         .with_panel(series(
             "Responder requests",
@@ -56,8 +56,8 @@ def build(p: Params) -> Dashboard:
                   "[$__rate_interval]))", "{{host}} {{responder}} {{result}}")))
         .with_panel(series(
             "iperf3 server", "1 while each host's supervised iperf3 server runs; restarts per hour.", "short",
-            query(f"pathprobe_iperf3_server_up{{{job}}}", "up {{host}}"),
-            query(f"increase(pathprobe_iperf3_server_restarts_total{{{job}}}[1h])", "restarts {{host}}", ref="B")))
+            *lines((f"pathprobe_iperf3_server_up{{{job}}}", "up {{host}}"),
+                   (f"increase(pathprobe_iperf3_server_restarts_total{{{job}}}[1h])", "restarts {{host}}"))))
         .with_row(Row("Cost of the exporter"))
         .with_panel(series(
             "Scrape duration", "Prometheus's scrape time, the snapshot's render time and age.", "s",

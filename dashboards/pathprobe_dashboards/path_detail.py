@@ -6,7 +6,7 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 
 from pathprobe.monitoring.params import Params
 
-from .common import FULL, THIRD, dashboard, query, selector, series
+from .common import FULL, THIRD, dashboard, lines, query, selector, series
 
 
 def build(p: Params) -> Dashboard:
@@ -59,11 +59,11 @@ def build(p: Params) -> Dashboard:
             "Share of echo packets lost over 5 minutes in all, and on the way to the peer (forward) and back "
             "(reverse), from the responder's own count.",
             "percentunit",
-            query(f"path:pathprobe_udp_loss_ratio:rate5m{{{sel}}}", "{{state}} {{host}} -> {{peer}}"),
-            query(f"rate(pathprobe_udp_packets_lost_forward_total{{{sel}}}[5m]) / {sent}",
-                  "forward {{host}} -> {{peer}}", ref="B"),
-            query(f"rate(pathprobe_udp_packets_lost_reverse_total{{{sel}}}[5m]) / {sent}",
-                  "reverse {{host}} -> {{peer}}", ref="C"),
+            *lines((f"path:pathprobe_udp_loss_ratio:rate5m{{{sel}}}", "{{state}} {{host}} -> {{peer}}"),
+                   (f"rate(pathprobe_udp_packets_lost_forward_total{{{sel}}}[5m]) / {sent}",
+                    "forward {{host}} -> {{peer}}"),
+                   (f"rate(pathprobe_udp_packets_lost_reverse_total{{{sel}}}[5m]) / {sent}",
+                    "reverse {{host}} -> {{peer}}")),
             span=THIRD))
         .with_panel(series(
             "Flows failing and the worst flow",

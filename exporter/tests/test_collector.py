@@ -1,18 +1,21 @@
-"""The store and the collector over it: what /metrics shows for what the probes recorded."""
+"""The rooms (metrics/): what /metrics shows for what the probes recorded."""
 
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pathprobe.collector import registry
+from pathprobe import metrics, turns
 from pathprobe.config import Config
+from pathprobe.expected import RttWindow
 from pathprobe.exporter import Exporter
-from pathprobe.probes import ProbeFailure, ThroughputResult, ThroughputTest
+from pathprobe.metrics import registry
+from pathprobe.probes import Reason, Target, ThroughputResult, ThroughputTest
 from pathprobe.probes.report import Summary
 
 
@@ -30,7 +33,7 @@ def config(tmp_path: Path, **extra: object) -> Config:
 
 
 def samples(exporter: Exporter) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = generate_latest(registry(exporter.collector)).decode()
+    text = generate_latest(registry(exporter.rooms)).decode()
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)
@@ -62,11 +65,11 @@ def test_every_outcome_starts_at_zero_and_no_created_series(tmp_path: Path) -> N
 
 def test_probe_outcomes_reach_metrics_with_the_injected_clock(tmp_path: Path) -> None:
     e = Exporter(config(tmp_path), clock=lambda: 1234.5)
-    rtt = e.store.rtt_sink("b", 1)
+    rtt = e.rooms.rtt_sink("b", 1, RttWindow())
     for seconds in (0.0071, 0.0072, 0.009):
         rtt.rtt(seconds)
     rtt.failure("refused")
-    echo = e.store.echo_sink("c")
+    echo = e.rooms.echo_sink("c")
     echo.sent(64)
     echo.received(0.0004)
     echo.lost(0.0)
@@ -85,7 +88,7 @@ def test_probe_outcomes_reach_metrics_with_the_injected_clock(tmp_path: Path) ->
     assert value(got, "pathprobe_udp_packets_lost_total", peer="c", state="idle") == 1
     assert value(got, "pathprobe_probe_runs_total", probe="loss", peer="c", result="timeout") == 1
     # While a throughput test of this host or the peer may run, loss is counted apart.
-    e.store.load_state = lambda peer, now: "loaded"
+    e.load_state = lambda peer, now: "loaded"
     echo.sent(64)
     echo.lost(0.0)
     got = samples(e)
@@ -99,8 +102,8 @@ def test_loaded_packets_of_a_peer_without_tests_are_exported(tmp_path: Path) -> 
     cfg = config(tmp_path).model_dump(mode="json")
     cfg["peers"][1]["throughput"] = {"enabled": False}
     e = Exporter(Config.model_validate(cfg))
-    e.store.load_state = lambda peer, now: "loaded"
-    echo = e.store.echo_sink("c")
+    e.load_state = lambda peer, now: "loaded"
+    echo = e.rooms.echo_sink("c")
     echo.sent(64)
     echo.received(0.0004)
     got = samples(e)
@@ -113,7 +116,7 @@ def test_a_result_is_rated_with_an_rtt_from_its_own_time(tmp_path: Path) -> None
     e = Exporter(config(tmp_path))
     peer = e.cfg.peers[0]
     e.tracker.rate(peer, ("tcp", "1", "send"), result(rtt=0.074))  # no RTT window yet: iperf3's RTT
-    e.store.record_throughput(("b", "tcp", "1", "send"), result(rtt=0.074))
+    e.rooms.throughput.record(metrics.TestKey("b", "tcp", "1", "send"), result(rtt=0.074))
     got = samples(e)
     expected = value(got, "pathprobe_throughput_expected_bytes_per_second", peer="b", streams="1")
     # The send buffer (4 MiB x 0.5 / 74 ms) binds, not the 5 Gbps per-flow limit.
@@ -124,17 +127,42 @@ def test_a_result_is_rated_with_an_rtt_from_its_own_time(tmp_path: Path) -> None
     assert value(got, "pathprobe_probe_bytes_sent_total", probe="throughput", peer="b") == 300 * 10**6
 
 
+class StandInRun:
+    def __init__(self, outcome: Callable[[ThroughputTest], ThroughputResult | Reason], test: ThroughputTest,
+                 sink: turns.TestSink):  # fmt: skip
+        self.outcome, self.test, self.sink = outcome, test, sink
+
+    async def run(self) -> ThroughputResult | Reason:
+        outcome = self.outcome(self.test)
+        if isinstance(outcome, ThroughputResult):
+            self.sink.result(outcome)
+        else:
+            self.sink.failure(outcome, "stand-in")
+        return outcome
+
+
+class StandIn:
+    """Stands in for iperf3 (the throughput prober's shape): `outcome(test)` gives each test's
+    result, raises, or names the reason it failed."""
+
+    def __init__(self, outcome: Callable[[ThroughputTest], ThroughputResult | Reason]):
+        self.outcome = outcome
+
+    def __call__(self, target: Target, test: ThroughputTest, sink: turns.TestSink) -> StandInRun:
+        return StandInRun(self.outcome, test, sink)
+
+
 class FailingProber:
-    """Stands in for iperf3: raises what a broken binary or output once made escape the loop."""
+    """Raises what a broken binary or output once made escape the loop, or fails."""
 
     def __init__(self) -> None:
         self.calls = 0
 
-    async def run(self, test: ThroughputTest) -> ThroughputResult:
+    def __call__(self, test: ThroughputTest) -> Reason:
         self.calls += 1
         if self.calls % 2:
             raise OverflowError("int too large to convert to float")
-        raise ProbeFailure("error", "garbage")
+        return "error"
 
 
 def test_the_throughput_loop_survives_unexpected_errors(tmp_path: Path) -> None:
@@ -145,7 +173,7 @@ def test_the_throughput_loop_survives_unexpected_errors(tmp_path: Path) -> None:
     )
     e = Exporter(cfg)
     prober = FailingProber()
-    e.turns.prober = prober  # type: ignore[assignment]
+    e.turns.make_prober = StandIn(prober)
 
     async def scenario() -> None:
         stop = asyncio.Event()
@@ -157,8 +185,8 @@ def test_the_throughput_loop_survives_unexpected_errors(tmp_path: Path) -> None:
         task.cancel()
 
     asyncio.run(scenario())
-    assert e.store.turn_errors["OverflowError"] >= 1
-    assert e.store.runs["throughput", "b", "error"] + e.store.runs["throughput", "c", "error"] >= 1
+    assert e.rooms.host.turn_errors["OverflowError"] >= 1
+    assert e.rooms.outcomes.runs["throughput", "b", "error"] + e.rooms.outcomes.runs["throughput", "c", "error"] >= 1
 
 
 @pytest.mark.parametrize("step", [-3600.0, -1.5, 3600.0])
@@ -171,14 +199,13 @@ def test_a_stepped_clock_costs_at_most_a_few_seconds_of_turns(tmp_path: Path, st
     e = Exporter(cfg, clock=lambda: time.time() + offset[0])
     slots: list[int] = []
 
-    class RecordingProber:
-        async def run(self, test: ThroughputTest) -> ThroughputResult:
-            slots.append(int(e.turns.clock() // 4))
-            if len(slots) == 1:
-                offset[0] += step  # while the test runs
-            return result()
+    def recording(test: ThroughputTest) -> ThroughputResult:
+        slots.append(int(e.turns.clock() // 4))
+        if len(slots) == 1:
+            offset[0] += step  # while the test runs
+        return result()
 
-    e.turns.prober = RecordingProber()  # type: ignore[assignment]
+    e.turns.make_prober = StandIn(recording)
 
     async def scenario() -> None:
         stop = asyncio.Event()
@@ -199,8 +226,8 @@ def test_a_stepped_clock_costs_at_most_a_few_seconds_of_turns(tmp_path: Path, st
 def test_quantiles_cover_a_sliding_window_and_keep_loaded_samples_apart(tmp_path: Path) -> None:
     now = [10_000.0]
     e = Exporter(config(tmp_path), clock=lambda: now[0])
-    e.store.load_state = lambda peer, t: "loaded" if 10_100 <= t < 10_110 else "idle"
-    sink = e.store.rtt_sink("b", 1)
+    e.load_state = lambda peer, t: "loaded" if 10_100 <= t < 10_110 else "idle"
+    sink = e.rooms.rtt_sink("b", 1, RttWindow())
     for i in range(100):  # 100 s of 74-75 ms, then 10 s of 300 ms behind a test's queue
         now[0] = 10_000 + i
         sink.rtt(0.074 + i * 1e-5)
@@ -278,15 +305,13 @@ def test_an_own_test_that_runs_past_the_window_keeps_samples_loaded(tmp_path: Pa
     late = slot + 8.0  # a retried test starts 3 s after the 5 s window (1 s jitter + 1 + 3 s)
     assert e.load_state(other, late + 1) == "idle"  # by the schedule alone
 
-    class SlowProber:
-        async def run(self, test: ThroughputTest) -> ThroughputResult:
-            now[0] = late
-            await asyncio.sleep(0)
-            assert e.load_state(other, late + 1) == "loaded"  # while it runs
-            now[0] = late + 4
-            return result()
+    def slow(test: ThroughputTest) -> ThroughputResult:
+        assert now[0] == late
+        assert e.load_state(other, late + 1) == "loaded"  # while it runs
+        now[0] = late + 4
+        return result()
 
-    e.turns.prober = SlowProber()  # type: ignore[assignment]
+    e.turns.make_prober = StandIn(slow)
     peer = next(p for p in cfg.peers if p.name == "b")
     now[0] = late
     asyncio.run(e.turns.run_turn(peer, cfg.throughput_for(peer), deadline=slot + 15))
@@ -301,7 +326,7 @@ def test_exported_quantiles_are_within_half_a_percent_of_the_raw_ones(center: fl
     # (the one-shot probe's own summary) over the same window, at any RTT from 0.1 to 300 ms.
     import random
 
-    from pathprobe.store import WindowedQuantiles
+    from pathprobe.metrics.rtt import WindowedQuantiles
 
     rng = random.Random(center)
     raw = [center * (1 + rng.expovariate(20)) for _ in range(3000)]  # a tail of a few percent
@@ -326,15 +351,14 @@ def test_an_unknown_instance_type_is_a_labelled_metric_never_a_silent_default(tm
     assert value(got, "pathprobe_throughput_expected_bytes_per_second", peer="b", streams="1", limit="per_flow") > 0
 
 
-class AllowanceSpendingProber:
-    """Stands in for iperf3: each test raises the fake ethtool's bw_out counter by 500."""
+def allowance_spending(counter: Path) -> StandIn:
+    """Each test raises the fake ethtool's bw_out counter by 500."""
 
-    def __init__(self, counter: Path):
-        self.counter = counter
-
-    async def run(self, test: ThroughputTest) -> ThroughputResult:
-        self.counter.write_text(str(int(self.counter.read_text()) + 500))
+    def spend(test: ThroughputTest) -> ThroughputResult:
+        counter.write_text(str(int(counter.read_text()) + 500))
         return result(rtt=0.01)
+
+    return StandIn(spend)
 
 
 def test_allowance_counters_that_rise_during_a_test_name_the_instance(
@@ -355,7 +379,7 @@ def test_allowance_counters_that_rise_during_a_test_name_the_instance(
     ethtool.chmod(0o755)
     monkeypatch.setenv("PATH", f"{ethtool.parent}:{os.environ['PATH']}")
     e = Exporter(config(tmp_path, host={"name": "a", "address": "198.18.1.2", "region": "r1", "interface": "eth0"}))
-    e.turns.prober = AllowanceSpendingProber(counter)  # type: ignore[assignment]
+    e.turns.make_prober = allowance_spending(counter)
     peer = e.cfg.peers[0]
     asyncio.run(e.turns.run_turn(peer, e.cfg.throughput_for(peer), deadline=e.turns.clock() + 600))
     got = samples(e)
@@ -370,8 +394,8 @@ def test_allowance_counters_that_rise_during_a_test_name_the_instance(
 def test_a_lost_packet_counts_in_the_state_it_was_sent_in(tmp_path: Path) -> None:
     now = [112.0]
     e = Exporter(config(tmp_path), clock=lambda: now[0])
-    e.store.load_state = lambda peer, t: "loaded" if 100 <= t < 110 else "idle"
-    echo = e.store.echo_sink("c")
+    e.load_state = lambda peer, t: "loaded" if 100 <= t < 110 else "idle"
+    echo = e.rooms.echo_sink("c")
     echo.lost(7.0)  # sent at 105, under a test; its timeout ran out after the test
     got = samples(e)
     assert value(got, "pathprobe_udp_packets_lost_total", peer="c", state="loaded") == 1
@@ -383,8 +407,8 @@ def test_steady_state_results_and_probe_cost_reach_metrics(tmp_path: Path) -> No
     e = Exporter(cfg)
     steady = result()
     steady.duration_seconds, steady.omit_seconds, steady.converged = 1.7, 0, True
-    e.store.record_throughput(("b", "tcp", "1", "send"), steady)
-    e.store.record_throughput(("c", "tcp", "1", "send"), result())  # fixed length: no converged series
+    e.rooms.throughput.record(metrics.TestKey("b", "tcp", "1", "send"), steady)
+    e.rooms.throughput.record(metrics.TestKey("c", "tcp", "1", "send"), result())  # fixed length: no converged series
     got = samples(e)
     assert value(got, "pathprobe_throughput_converged", peer="b", streams="1") == 1
     assert not [k for k in got if k[0] == "pathprobe_throughput_converged" and ("peer", "c") in k[1]]
@@ -466,11 +490,11 @@ def test_compact_peers_export_what_the_rules_read_and_fewer_series(tmp_path: Pat
     assert cfg.compact_peers == {p.name for p in cfg.peers if p.region != "r0"}
     for name in (remote, local):
         for state in ("idle", "loaded"):
-            ex.store.load_state = lambda peer, now, state=state: state
+            ex.load_state = lambda peer, now, state=state: state
             for protocol in ("tcp", "udp"):
                 for ms in range(1, 50):
-                    ex.store.observe_rtt(name, protocol, ms / 1000)
-        ex.store.success("rtt", name)
+                    ex.rooms.rtt.observe(name, protocol, ms / 1000)
+        ex.rooms.outcomes.success("rtt", name)
     got = samples(ex)
 
     def series(peer: str) -> set[tuple[str, frozenset[tuple[str, str]]]]:
@@ -486,3 +510,33 @@ def test_compact_peers_export_what_the_rules_read_and_fewer_series(tmp_path: Pat
     # and not the rest
     assert not [ls for n, ls in series(remote) if ("state", "loaded") in ls or ("quantile", "0.9") in ls]
     assert not [ls for n, ls in series(remote) if n == "pathprobe_probe_runs_total" and ("result", "ok") not in ls]
+
+
+def test_what_arrives_for_a_peer_a_reload_removed_is_dropped_at_the_door(tmp_path: Path) -> None:
+    # A test against b runs while a reload removes b: its result, expected value, allowance
+    # counters and every continuous probe's outcome still arrive, and none may reach /metrics.
+    e = Exporter(config(tmp_path))
+    b = e.cfg.peers[0]
+    rtt, echo, mtu = e.rooms.rtt_sink("b", 1, RttWindow()), e.rooms.echo_sink("b"), e.rooms.mtu_sink("b")
+    rtt.rtt(0.01)
+    planned = e.tracker  # the tracker of the turn under way
+    cfg = config(tmp_path).model_dump(mode="json")
+    cfg["peers"] = cfg["peers"][1:]
+    e.reload(Config.model_validate(cfg))
+    key = metrics.TestKey("b", "tcp", "1", "send")
+    e.rooms.throughput.record(key, result())
+    planned.rate(b, key.spec, result())
+    e.rooms.throughput.allowances_rose(key, {"bw_out_allowance_exceeded": 1})
+    e.rooms.throughput.skip("b", "budget")
+    rtt.rtt(0.01)
+    rtt.failure("timeout")
+    rtt.flows_failing(1)
+    echo.sent(64)
+    echo.received(0.01)
+    echo.jitter(0.001)
+    echo.flows_failing(1, 0.5)
+    echo.lost_by_direction(1, 1)
+    mtu.mtu(1500, True, None)
+    got = samples(e)
+    assert not [ls for _, ls in got if ("peer", "b") in ls]
+    assert value(got, "pathprobe_peer_info", peer="c") == 1

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from pathprobe.probes import ProbeFailure
+from pathprobe.probes import ProbeFailure, Target
 from pathprobe.probes.throughput import ThroughputTest, classify_error, parse
 
 FIXTURES = Path(__file__).parent / "fixtures" / "iperf3"
@@ -15,7 +15,7 @@ def load(name: str) -> str:
 
 
 def test_tcp_two_streams() -> None:
-    test = ThroughputTest("127.0.0.1", streams=2, duration_seconds=1, omit_seconds=0)
+    test = ThroughputTest(streams=2, duration_seconds=1, omit_seconds=0)
     r = parse(load("tcp_2streams.json"), test, now=123.0)
     assert r.receiver_bytes_per_second == pytest.approx(400488749.89 / 8)
     assert r.sender_bytes_per_second == pytest.approx(400510774.28 / 8)
@@ -27,13 +27,13 @@ def test_tcp_two_streams() -> None:
 
 
 def test_tcp_reverse_keeps_direction() -> None:
-    r = parse(load("tcp_reverse.json"), ThroughputTest("127.0.0.1", direction="receive"))
+    r = parse(load("tcp_reverse.json"), ThroughputTest(direction="receive"))
     assert r.direction == "receive"
     assert r.receiver_bytes_per_second == pytest.approx(100654035.83 / 8)
 
 
 def test_udp_reads_receiver_loss_and_jitter() -> None:
-    r = parse(load("udp.json"), ThroughputTest("127.0.0.1", protocol="udp", udp_bitrate=50e6))
+    r = parse(load("udp.json"), ThroughputTest(protocol="udp", udp_bitrate=50e6))
     assert r.udp_packets == 191
     assert r.udp_lost == 0
     assert r.udp_loss_ratio == 0.0
@@ -47,19 +47,19 @@ def test_udp_reads_receiver_loss_and_jitter() -> None:
 )
 def test_failures_are_classified(fixture: str, reason: str) -> None:
     with pytest.raises(ProbeFailure) as info:
-        parse(load(fixture), ThroughputTest("127.0.0.1"))
+        parse(load(fixture), ThroughputTest())
     assert info.value.reason == reason
 
 
 def test_truncated_json_is_an_error_not_a_crash() -> None:
     with pytest.raises(ProbeFailure) as info:
-        parse(load("tcp_2streams.json")[:500], ThroughputTest("127.0.0.1"))
+        parse(load("tcp_2streams.json")[:500], ThroughputTest())
     assert info.value.reason == "error"
 
 
 def test_json_without_end_section_is_an_error() -> None:
     with pytest.raises(ProbeFailure, match="expected field"):
-        parse('{"start": {}, "end": {}}', ThroughputTest("127.0.0.1"))
+        parse('{"start": {}, "end": {}}', ThroughputTest())
 
 
 @pytest.mark.parametrize(
@@ -80,8 +80,6 @@ def test_classify_error(message: str, reason: str) -> None:
 
 def test_command_line_carries_every_setting() -> None:
     t = ThroughputTest(
-        "198.18.2.2",
-        port=5202,
         protocol="udp",
         streams=4,
         direction="receive",
@@ -90,7 +88,7 @@ def test_command_line_carries_every_setting() -> None:
         udp_bitrate=400e6,
         window_bytes=4 << 20,
     )
-    cmd = t.command("iperf3")
+    cmd = t.command(Target("198.18.2.2", 5202))
     assert cmd[:5] == ["iperf3", "-c", "198.18.2.2", "-p", "5202"]
     assert "-R" in cmd and "-u" in cmd
     # -b is per stream in iperf3: the configured total is split.

@@ -141,9 +141,10 @@ def test_the_mtu_prober_sees_sizes_carried_over_loopback() -> None:
         echo = EchoResponder(AllowList(["127.0.0.0/8"]), 1000, lambda _: None)
         await echo.start("127.0.0.1", 0)
         out = Outcomes()
-        settings = MtuSettings(interval_seconds=1, timeout_seconds=1.0)
-        await MtuProber(Target("127.0.0.1", echo.sockname()[1]), settings, [1500, 9001], out).run(rounds=1)
-        closed = MtuProber(Target("127.0.0.1", 9), settings, [1500], out)  # nothing listens: refused
+        settings = MtuSettings(interval_seconds=1, timeout_seconds=1.0, sizes=[1500, 9001])
+        await MtuProber(Target("127.0.0.1", echo.sockname()[1]), settings, out).run(rounds=1)
+        only_1500 = settings.model_copy(update={"sizes": [1500]})
+        closed = MtuProber(Target("127.0.0.1", 9), only_1500, out)  # nothing listens: refused
         await closed.run(rounds=1)
         echo.close()
         return out.seen

@@ -128,15 +128,15 @@ def fake_iperf3(tmp_path: Path, script: str) -> str:
     ("exec sleep 60", "timeout"),
 ])  # fmt: skip
 def test_a_runaway_iperf3_client_ends_the_test_and_leaves_nothing(tmp_path: Path, script: str, reason: str) -> None:
-    from pathprobe.probes import ProbeFailure, ThroughputProber, ThroughputTest
+    from pathprobe.probes import ProbeFailure, Target, ThroughputProber, ThroughputTest
 
-    prober = ThroughputProber(fake_iperf3(tmp_path, script), margin_seconds=1)
-    test = ThroughputTest("127.0.0.1", duration_seconds=1, omit_seconds=0)
+    test = ThroughputTest(duration_seconds=1, omit_seconds=0, binary=fake_iperf3(tmp_path, script), margin_seconds=1)
+    prober = ThroughputProber(Target("127.0.0.1", 5201), test)
 
     async def once() -> ProbeFailure:
         async with asyncio.timeout(20):  # the old code never returned from the first two
             try:
-                await prober.run(test)
+                await prober.measure()
             except ProbeFailure as exc:
                 return exc
         raise AssertionError("a result from a fake iperf3")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pathprobe.probes import ProbeFailure, ThroughputProber, ThroughputTest
+from pathprobe.probes import ProbeFailure, Target, ThroughputProber, ThroughputTest
 from pathprobe.probes.steady import (
     Detector,
     Interval,
@@ -100,13 +100,14 @@ def stand_in(tmp_path: Path, rates: list[int], exit_line: str = "exit 0") -> str
 
 
 def run(binary: str, duration: float) -> ThroughputTest | ProbeFailure:
-    test = ThroughputTest("127.0.0.1", duration_seconds=duration, omit_seconds=1, steady_state=Detector(),
-                          rtt_hint_seconds=0.01)  # fmt: skip
-    assert test.command()[test.command().index("-O") + 1] == "0" and "-J" not in test.command()
+    test = ThroughputTest(duration_seconds=duration, omit_seconds=1, steady_state=Detector(), rtt_hint_seconds=0.01,
+                          binary=binary, margin_seconds=3)  # fmt: skip
+    target = Target("127.0.0.1", 5201)
+    assert test.command(target)[test.command(target).index("-O") + 1] == "0" and "-J" not in test.command(target)
 
     async def once() -> ThroughputTest | ProbeFailure:
         try:
-            return await ThroughputProber(binary, margin_seconds=3).run(test)  # type: ignore[return-value]
+            return await ThroughputProber(target, test).measure()  # type: ignore[return-value]
         except ProbeFailure as exc:
             return exc
 
@@ -200,7 +201,7 @@ def test_the_sampler_reads_a_real_connections_acknowledged_bytes() -> None:
         server = await asyncio.start_server(sink, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         idle = await asyncio.create_subprocess_exec("sleep", "5")  # stands in for iperf3 (SIGINT on convergence)
-        watch = _SteadyState(ThroughputTest("127.0.0.1", port=port, steady_state=Detector()), idle)
+        watch = _SteadyState(Target("127.0.0.1", port), ThroughputTest(steady_state=Detector()), idle)
         sampling = asyncio.ensure_future(watch.sample())
         _, writer = await asyncio.open_connection("127.0.0.1", port)
         for _ in range(6):

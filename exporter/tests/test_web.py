@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from pathprobe.config import BasicAuth, TlsSettings, WebSettings
 from pathprobe.web import Snapshot, make_app, serve
@@ -60,6 +61,56 @@ def test_background_refresh_picks_up_new_values() -> None:
     while b"pathprobe_test_value 3.0" not in snap.get() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert b"pathprobe_test_value 3.0" in snap.get()
+
+
+class Breaks:
+    """A collector that raises while `broken` is set, as a render once did on a removed peer."""
+
+    def __init__(self) -> None:
+        self.broken = False
+
+    def collect(self) -> Iterator[Metric]:
+        if self.broken:
+            raise KeyError("h1")
+        yield GaugeMetricFamily("pathprobe_test_rendered", "test", value=1)
+
+
+def trailer_value(body: bytes, name: str) -> float:
+    line = next(x for x in body.decode().splitlines() if x.startswith(name + " "))
+    return float(line.split()[1])
+
+
+def test_a_render_that_raises_keeps_the_last_snapshot_counted_and_retries(caplog: pytest.LogCaptureFixture) -> None:
+    r, g = registry_with(1)
+    breaks = Breaks()
+    r.register(breaks)  # type: ignore[arg-type]
+    snap = Snapshot(r, refresh=0.05)
+    assert b"pathprobe_test_value 1.0" in snap.get()
+    g.set(2)
+    breaks.broken = True
+    time.sleep(0.3)  # several background renders fail
+    body = snap.get()
+    assert b"pathprobe_test_value 1.0" in body  # the last good snapshot, ageing
+    assert trailer_value(body, "pathprobe_scrape_render_errors_total") >= 2
+    assert trailer_value(body, "pathprobe_scrape_snapshot_age_seconds") >= 0.2
+    assert "rendering /metrics failed" in caplog.text and "KeyError" in caplog.text
+    breaks.broken = False
+    deadline = time.monotonic() + 5
+    while b"pathprobe_test_value 2.0" not in snap.get() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    body = snap.get()
+    assert b"pathprobe_test_value 2.0" in body  # the render thread lived on and retried
+    assert trailer_value(body, "pathprobe_scrape_snapshot_age_seconds") < 0.2
+
+
+def test_a_first_render_that_raises_still_answers_200() -> None:
+    r, _ = registry_with(1)
+    breaks = Breaks()
+    breaks.broken = True
+    r.register(breaks)  # type: ignore[arg-type]
+    status, body = call(make_app(Snapshot(r), None))
+    assert status == "200 OK"
+    assert trailer_value(body, "pathprobe_scrape_render_errors_total") == 1
 
 
 def test_gzip_snapshot_is_complete() -> None:

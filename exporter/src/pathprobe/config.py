@@ -12,7 +12,7 @@ from collections import Counter
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import (
     AwareDatetime,
@@ -79,6 +79,14 @@ class SteadyStateSettings(Strict):
     min_seconds: float = Field(default=1, ge=0, le=60)
 
 
+class TestSpec(NamedTuple):
+    """One test of a peer's throughput settings."""
+
+    protocol: str
+    streams: str
+    direction: str
+
+
 class ThroughputSettings(Strict):
     enabled: bool = True
     protocols: list[Protocol] = Field(default=["tcp"], min_length=1)
@@ -92,9 +100,9 @@ class ThroughputSettings(Strict):
     window_bytes: Bytes | None = None
     steady_state: SteadyStateSettings = SteadyStateSettings()
 
-    def tests(self) -> list[tuple[str, str, str]]:
-        """(protocol, streams, direction) of every test these settings ask for, in run order."""
-        return [(p, str(s), d) for p in self.protocols for s in self.streams for d in self.directions]
+    def tests(self) -> list[TestSpec]:
+        """Every test these settings ask for, in run order."""
+        return [TestSpec(p, str(s), d) for p in self.protocols for s in self.streams for d in self.directions]
 
 
 class ThroughputOverrides(Strict):

@@ -6,11 +6,12 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
-from .config import Config, Peer
+from .config import Config, Peer, TestSpec
 from .limits import expected as expected_of
 from .limits import host_buffer_max, window_share
+from .metrics.common import TestKey
+from .metrics.throughput import ThroughputRoom
 from .probes import Reason, ThroughputResult
-from .store import Store, TestKey
 
 # The buffer bounds use the median of the last WINDOW RTT samples, once there are MIN_SAMPLES.
 WINDOW, MIN_SAMPLES = 256, 10
@@ -36,7 +37,7 @@ class RttWindow:
 
 
 class ExpectedTracker:
-    """Keeps store.expected up to date: for every test at the start of each turn, and for
+    """Keeps the throughput room's expected values up to date: for every test at the start of each turn, and for
     a test again when its result is recorded. The buffer bounds take the median RTT of
     the window (the path's RTT just before the test) or, before the window has enough
     samples, the RTT iperf3 measured during the test itself: a result is never rated
@@ -45,20 +46,20 @@ class ExpectedTracker:
     A test's result and its expected value change together, so the ratio of the two on
     /metrics always compares one test with its own expectation."""
 
-    def __init__(self, cfg: Config, store: Store):
-        self.cfg, self.store = cfg, store
+    def __init__(self, cfg: Config, room: ThroughputRoom):
+        self.cfg, self.room = cfg, room
         self.rmem_max = cfg.tcp_rmem_max_bytes or host_buffer_max("rmem")
         self.wmem_max = cfg.tcp_wmem_max_bytes or host_buffer_max("wmem")
         self.share = cfg.tcp_window_share or window_share()
         self.windows = {p.name: RttWindow() for p in cfg.peers}
 
-    def rate_all(self, peer: Peer, keys: list[tuple[str, str, str]]) -> None:
+    def rate_all(self, peer: Peer, keys: list[TestSpec]) -> None:
         """Expected values of tests that have no result yet, from the RTT window."""
         for key in keys:
-            if (peer.name, *key) not in self.store.throughput:
+            if not self.room.has_result(TestKey.of(peer.name, key)):
                 self.rate(peer, key, None)
 
-    def rate(self, peer: Peer, key: tuple[str, str, str], result: ThroughputResult | None) -> None:
+    def rate(self, peer: Peer, key: TestSpec, result: ThroughputResult | None) -> None:
         protocol, streams, direction = key
         rtt = self.windows[peer.name].median() or (result.rtt_seconds if result else None)
         if direction == "send":
@@ -66,8 +67,7 @@ class ExpectedTracker:
         else:
             rmem, wmem = self.rmem_max, peer.tcp_wmem_max_bytes or self.wmem_max
         settings = self.cfg.throughput_for(peer)
-        test: TestKey = (peer.name, *key)
-        self.store.expected[test] = expected_of(
+        self.room.expect(TestKey.of(peer.name, key), expected_of(
             peer, self.cfg.host.instance_type, protocol, int(streams), rmem, rtt, settings.udp_bitrate,
             sender_wmem_max=wmem, share=self.share,
-        )  # fmt: skip
+        ))  # fmt: skip

@@ -1,7 +1,7 @@
-"""`pathprobe run`: wires one exporter together. Config -> schedule -> probes -> store ->
-collector -> /metrics (docs/ARCHITECTURE.md): the responders answer peers, a continuous
-RTT and a UDP echo prober run per peer, the throughput turns take this host's turns of
-the schedule, and everything they measure lands in the store that /metrics reads."""
+"""`pathprobe run`: wires one exporter together. Config -> schedule -> probes -> rooms ->
+/metrics (docs/ARCHITECTURE.md): the responders answer peers, a continuous RTT, UDP echo and
+MTU prober run per peer, the throughput turns take this host's turns of the schedule, and
+everything they measure lands in the room (metrics/) that owns it and that /metrics reads."""
 
 from __future__ import annotations
 
@@ -13,17 +13,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import config, responders
+from pydantic import BaseModel
+
+from . import config, ena, responders
 from .allow import AllowList
 from .budget import Budget
-from .collector import Collector
-from .config import Config
+from .config import Config, Peer
 from .expected import ExpectedTracker
-from .probes import EchoProber, MtuProber, RttProber, Target
-from .probes.base import RttTee
+from .metrics import Rooms
+from .probes import CONTINUOUS, PROBERS, Prober, Target
 from .schedule import Schedule, Timetable
-from .store import Store
-from .turns import ThroughputTurns
+from .turns import Plan, ThroughputTurns
 from .yamlfile import ConfigError
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,8 @@ def host_max_mtu() -> int | None:
 TURN_GRACE_SECONDS = 1.0
 # SIGTERM must stop the exporter within 5 s whatever a task does.
 STOP_SECONDS = 4.0
+# How often the ENA allowance counters are read (in the background: ethtool may take seconds).
+ALLOWANCES_READ_SECONDS = 10.0
 # What a reload cannot change: the listening sockets, the iperf3 server and the budget's file
 # are set up once at start (systemctl restart applies them).
 RESTART_ONLY = ("host", "responders", "iperf3", "web", "budget")
@@ -68,15 +70,17 @@ def epoch_of(cfg: Config, now: float = 0.0) -> float:
 class Exporter:
     def __init__(self, cfg: Config, clock: Callable[[], float] = time.time):
         self.clock = clock
-        self.store = Store(clock)
-        self.store.load_state = self.load_state
         self.budget = Budget(cfg.budget.daily_bytes, cfg.budget.state_file, clock)
         self.timetable = Timetable(schedule_of(cfg), epoch_of(cfg))
-        self._configure(cfg, ExpectedTracker(cfg, self.store))
-        self.turns = ThroughputTurns(cfg, self.store, self.timetable, self.budget, self.tracker, clock)
-        self.collector = Collector(cfg, self.timetable, self.budget, self.store)
+        # Late-bound: a test may put its own load_state on the exporter.
+        load_state = lambda peer, now: self.load_state(peer, now)  # noqa: E731, PLW0108 - late binding, see above
+        self.rooms = Rooms(cfg, self.timetable, self.budget, load_state, clock)
+        self._configure(cfg, ExpectedTracker(cfg, self.rooms.throughput))
+        self.turns = ThroughputTurns(Plan(cfg, self.timetable, self.tracker), self.rooms.throughput, self.rooms.host,
+                                     self.budget, clock)  # fmt: skip
         self.allowed = AllowList.of(cfg)  # the responders hold this object: a reload updates it in place
-        self._probing: list[asyncio.Task[None]] = []
+        self.interface = ena.interface(cfg.host.interface)
+        self._probing: list[asyncio.Task[object]] = []
 
     def _configure(self, cfg: Config, tracker: ExpectedTracker) -> None:
         self.cfg, self.tracker = cfg, tracker
@@ -88,8 +92,7 @@ class Exporter:
             settings = cfg.throughput_for(peer)
             if settings.enabled:
                 self.tracker.rate_all(peer, settings.tests())
-                if self.store.last_turn is None:
-                    self.store.last_turn = self.clock()
+                self.rooms.host.turns_expected()
 
     @property
     def schedule(self) -> Schedule:
@@ -105,14 +108,12 @@ class Exporter:
             raise ReloadError(f"{', '.join(changed)} changed: only a restart applies them; the running config is kept")
         now = self.clock()
         self.timetable = self.timetable.then(schedule_of(cfg), epoch_of(cfg, now), now)
-        tracker = ExpectedTracker(cfg, self.store)
+        tracker = ExpectedTracker(cfg, self.rooms.throughput)
         tracker.windows.update({k: w for k, w in self.tracker.windows.items() if k in tracker.windows})
-        with self.collector.lock:
-            self._configure(cfg, tracker)
-            self.store.forget({p.name for p in cfg.probed_peers})
-            self.collector.use(cfg, self.timetable)
+        self.rooms.use(cfg, self.timetable)  # first: the rooms admit the new peers' expected values
+        self._configure(cfg, tracker)
         self.allowed.replace(AllowList.of(cfg))
-        self.turns.use(cfg, self.timetable, tracker)
+        self.turns.use(Plan(cfg, self.timetable, tracker))
         if self._probing:  # running: the continuous probes restart with the new peers and settings
             for task in self._probing:
                 task.cancel()
@@ -127,15 +128,13 @@ class Exporter:
         try:
             self.reload(config.load(path, check_files=True))
         except (ConfigError, ReloadError) as exc:
-            self.store.reloads["failure"] += 1
-            self.store.last_reload_ok = False
+            self.rooms.host.reloaded(ok=False)
             log.error("config reload refused: %s", exc)
             return str(exc)
-        self.store.reloads["success"] += 1
-        self.store.last_reload_ok = True
+        self.rooms.host.reloaded(ok=True)
         return None
 
-    def _start_probers(self) -> list[asyncio.Task[None]]:
+    def _start_probers(self) -> list[asyncio.Task[object]]:
         return [asyncio.create_task(p.run(), name=name) for name, p in self.probers()]
 
     def load_state(self, peer: str, now: float) -> str:
@@ -161,48 +160,63 @@ class Exporter:
         clients = self.timetable.clients_of(self.cfg.host.name, self.clock(), TURN_GRACE_SECONDS)
         return "ok" if peer in clients or self._extra_allowed.allows(address) else "out_of_turn"
 
-    def probers(self) -> list[tuple[str, RttProber | EchoProber | MtuProber]]:
+    def probers(self) -> list[tuple[str, Prober]]:
         """(task name, prober) of every continuous probe of every peer."""
-        cfg = self.cfg
-        probes: list[tuple[str, RttProber | EchoProber | MtuProber]] = []
         local_mtu = host_max_mtu()
-        for peer in cfg.rtt_peers:
-            addr = str(peer.address)
-            if cfg.probes.rtt.enabled:
-                target = Target(addr, peer.rr_port or cfg.responders.rr_port)
-                sink = RttTee(
-                    self.store.rtt_sink(peer.name, cfg.probes.rtt.size_bytes), self.tracker.windows[peer.name]
-                )
-                probes.append((f"rtt-{peer.name}", RttProber(target, cfg.probes.rtt, sink)))
-            if cfg.probes.loss.enabled:
-                target = Target(addr, peer.echo_port or cfg.responders.echo_port)
-                probes.append(
-                    (f"loss-{peer.name}", EchoProber(target, cfg.probes.loss, self.store.echo_sink(peer.name)))
-                )
-            if cfg.probes.mtu.enabled:
-                target = Target(addr, peer.echo_port or cfg.responders.echo_port)
-                wanted = cfg.probes.mtu.sizes_for(peer.path_class.value)
-                sizes = [s for s in wanted if local_mtu is None or s <= local_mtu]
-                if sizes != wanted:
-                    log.warning("mtu probes to %s: sizes above this host's largest interface MTU (%s) left out: %s",
-                                peer.name, local_mtu, sorted(set(wanted) - set(sizes)))  # fmt: skip
-                mtu = MtuProber(target, cfg.probes.mtu, sizes, self.store.mtu_sink(peer.name))
-                probes.append((f"mtu-{peer.name}", mtu))
-        return probes
+        found = []
+        for peer in self.cfg.rtt_peers:
+            for kind in CONTINUOUS:
+                settings = self._settings(kind, peer, local_mtu)
+                if settings is not None:
+                    prober = PROBERS[kind](self._target(kind, peer), settings, self._sink(kind, peer))
+                    found.append((f"{kind}-{peer.name}", prober))
+        return found
+
+    def _target(self, kind: str, peer: Peer) -> Target:
+        """The responder a continuous probe of `kind` reaches: rr for RTT, echo for loss and MTU."""
+        responders = self.cfg.responders
+        port = (peer.rr_port or responders.rr_port) if kind == "rtt" else (peer.echo_port or responders.echo_port)
+        return Target(str(peer.address), port)
+
+    def _settings(self, kind: str, peer: Peer, local_mtu: int | None) -> BaseModel | None:
+        """The settings model of a continuous probe of `kind` (None: disabled); MTU sizes as this path
+        and this host allow."""
+        settings = getattr(self.cfg.probes, kind)
+        if not settings.enabled:
+            return None
+        if kind != "mtu":
+            return settings  # type: ignore[no-any-return]
+        wanted = settings.sizes_for(peer.path_class.value)
+        sizes = [s for s in wanted if local_mtu is None or s <= local_mtu]
+        if sizes != wanted:
+            log.warning("mtu probes to %s: sizes above this host's largest interface MTU (%s) left out: %s",
+                        peer.name, local_mtu, sorted(set(wanted) - set(sizes)))  # fmt: skip
+        return settings.model_copy(update={"sizes": sizes})  # type: ignore[no-any-return]
+
+    def _sink(self, kind: str, peer: Peer) -> object:
+        if kind == "rtt":  # the RTT room, and the window the expected values read
+            return self.rooms.rtt_sink(peer.name, self.cfg.probes.rtt.size_bytes, self.tracker.windows[peer.name])
+        return self.rooms.echo_sink(peer.name) if kind == "loss" else self.rooms.mtu_sink(peer.name)
+
+    async def read_allowances(self) -> None:
+        """Until cancelled: the ENA allowance counters for /metrics (none where the driver is not)."""
+        while True:
+            counters = await asyncio.to_thread(ena.read, self.interface)
+            self.rooms.host.read_allowances(self.interface, counters)
+            await asyncio.sleep(ALLOWANCES_READ_SECONDS)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until `stop` is set; raises responders.ResponderError when a port is taken."""
-        s = self.store
         running = await responders.start(
-            self.cfg.responders, self.cfg.iperf3, self.allowed, s.count_request, s.set_iperf3_up,
-            s.iperf3_restarted, self.iperf3_admission,
-        )  # fmt: skip
+            self.cfg.responders, self.cfg.iperf3, self.allowed, self.rooms.host, self.iperf3_admission
+        )
         self._probing = self._start_probers()
-        turns = asyncio.create_task(self.turns.run(stop), name="throughput")
+        background = [asyncio.create_task(self.turns.run(stop), name="throughput"),
+                      asyncio.create_task(self.read_allowances(), name="allowances")]  # fmt: skip
         try:
             await stop.wait()
         finally:
-            tasks = [*self._probing, turns]
+            tasks = [*self._probing, *background]
             self._probing = []
             for t in tasks:
                 t.cancel()

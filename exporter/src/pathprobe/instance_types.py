@@ -25,7 +25,7 @@ import gzip
 import importlib
 import json
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -186,6 +186,27 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
+def _card(field: str, i: int, card: Any, bad: Callable[[str, str], InstanceDataError]) -> Card:
+    """One entry of NetworkInfo.NetworkCards (the `i`th)."""
+    if not isinstance(card, dict):
+        raise bad(field, "not an object")
+    index = card.get("NetworkCardIndex", i)
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise bad(f"{field}.NetworkCardIndex", f"not a card index: {index!r}")
+    figures = []
+    for key in ("BaselineBandwidthInGbps", "PeakBandwidthInGbps"):
+        if key not in card:
+            raise bad(f"{field}.{key}", "missing")
+        value = _number(card[key])
+        if value is None or value <= 0:
+            raise bad(f"{field}.{key}", f"not a positive number: {card[key]!r}")
+        figures.append(value)
+    baseline, peak = figures
+    if peak < baseline:
+        raise bad(f"{field}.PeakBandwidthInGbps", f"{peak:g} is below the baseline {baseline:g}")
+    return Card(index=index, baseline_gbps=baseline, peak_gbps=peak)
+
+
 def parse_instance_type(where: str, item: Any) -> tuple[str, InstanceType]:
     """One entry of `InstanceTypes` (the API's shape) as (name, InstanceType)."""
     if not isinstance(item, dict):
@@ -209,26 +230,7 @@ def parse_instance_type(where: str, item: Any) -> tuple[str, InstanceType]:
     raw_cards = net.get("NetworkCards")
     if not isinstance(raw_cards, list) or not raw_cards:
         raise bad("NetworkInfo.NetworkCards", "missing (no network card data)")
-    cards = []
-    for i, card in enumerate(raw_cards):
-        field = f"NetworkInfo.NetworkCards[{i}]"
-        if not isinstance(card, dict):
-            raise bad(field, "not an object")
-        index = card.get("NetworkCardIndex", i)
-        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-            raise bad(f"{field}.NetworkCardIndex", f"not a card index: {index!r}")
-        figures = []
-        for key in ("BaselineBandwidthInGbps", "PeakBandwidthInGbps"):
-            if key not in card:
-                raise bad(f"{field}.{key}", "missing")
-            value = _number(card[key])
-            if value is None or value <= 0:
-                raise bad(f"{field}.{key}", f"not a positive number: {card[key]!r}")
-            figures.append(value)
-        baseline, peak = figures
-        if peak < baseline:
-            raise bad(f"{field}.PeakBandwidthInGbps", f"{peak:g} is below the baseline {baseline:g}")
-        cards.append(Card(index=index, baseline_gbps=baseline, peak_gbps=peak))
+    cards = [_card(f"NetworkInfo.NetworkCards[{i}]", i, card, bad) for i, card in enumerate(raw_cards)]
     default = net.get("DefaultNetworkCardIndex", 0)
     if default not in {c.index for c in cards}:
         raise bad("NetworkInfo.DefaultNetworkCardIndex", f"{default!r} names no card")

@@ -167,7 +167,30 @@ def buffer_bound(buffer_bytes: int, rtt_seconds: float, streams: int, share: flo
     return buffer_bytes * share * 8 / rtt_seconds * streams
 
 
-def expected(
+def _instance_bounds(
+    peer: Peer, t: LimitsTable, ends: list[instance_types.InstanceType], which: str, scale: float
+) -> dict[str, float]:
+    """The instance's and the inter-region bound, from each end's baseline (`which`: the floor)
+    or its peak bandwidth in Gbps, or the overrides."""
+    o = peer.limits
+    bounds: dict[str, float] = {}
+    ends_gbps = [(e.vcpus, (e.card.baseline_gbps if which == "baseline" else e.card.peak_gbps)) for e in ends]
+    override = o.instance_bits_per_second
+    if which == "peak" and o.instance_peak_bits_per_second:
+        override = o.instance_peak_bits_per_second
+    if override:
+        bounds["instance"] = override
+    elif ends_gbps:
+        bounds["instance"] = min(gbps for _, gbps in ends_gbps) * GBPS / scale
+    if peer.path_class == PathClass.inter_region:
+        if o.region_cap_bits_per_second:
+            bounds["region_cap"] = o.region_cap_bits_per_second
+        elif ends_gbps:
+            bounds["region_cap"] = min(t.region_cap.gbps(v, gbps) for v, gbps in ends_gbps) * GBPS / scale
+    return bounds
+
+
+def expected(  # noqa: PLR0913, PLR0917 - the model's inputs, each one a limit's; the callers pass them by position
     peer: Peer,
     host_instance: str,
     protocol: str,
@@ -204,22 +227,8 @@ def expected(
     types = types or instance_types.load()
     ends = [e for e in (types.get(name) for name in named) if e is not None]
     unknown = tuple(dict.fromkeys(name for name in named if types.get(name) is None))
-    floor, peak = dict(common), dict(common)
-    for bounds, which in ((floor, "baseline"), (peak, "peak")):
-        # Each end's bandwidth in Gbps: its baseline for the floor, its peak for the peak.
-        ends_gbps = [(e.vcpus, (e.card.baseline_gbps if which == "baseline" else e.card.peak_gbps)) for e in ends]
-        override = o.instance_bits_per_second
-        if which == "peak" and o.instance_peak_bits_per_second:
-            override = o.instance_peak_bits_per_second
-        if override:
-            bounds["instance"] = override
-        elif ends_gbps:
-            bounds["instance"] = min(gbps for _, gbps in ends_gbps) * GBPS / scale
-        if peer.path_class == PathClass.inter_region:
-            if o.region_cap_bits_per_second:
-                bounds["region_cap"] = o.region_cap_bits_per_second
-            elif ends_gbps:
-                bounds["region_cap"] = min(t.region_cap.gbps(v, gbps) for v, gbps in ends_gbps) * GBPS / scale
+    floor = common | _instance_bounds(peer, t, ends, "baseline", scale)
+    peak = common | _instance_bounds(peer, t, ends, "peak", scale)
     limit = min(floor, key=lambda k: floor[k])
     peak_limit = min(peak, key=lambda k: peak[k])
     return Expected(floor[limit], limit, floor, peak[peak_limit], peak_limit, peak, unknown)

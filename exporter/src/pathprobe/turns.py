@@ -9,15 +9,18 @@ import contextlib
 import logging
 import random
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 from . import ena
 from .budget import Budget
-from .config import Config, Peer, ThroughputSettings
+from .config import Config, Peer, TestSpec, ThroughputSettings
 from .expected import ExpectedTracker
-from .probes import ProbeFailure, ThroughputProber, ThroughputTest
+from .metrics.common import TestKey
+from .metrics.host import HostRoom
+from .metrics.throughput import ThroughputRoom
+from .probes import PROBERS, Prober, Reason, Target, ThroughputResult, ThroughputTest
 from .probes.steady import Detector
 from .schedule import Timetable
-from .store import Store
 
 log = logging.getLogger(__name__)
 
@@ -27,27 +30,51 @@ DRAIN_SECONDS = 1.0
 CLOCK_CHECK_SECONDS = 5.0
 
 
+class Plan(NamedTuple):
+    """What turns are planned with; a reload replaces all three at once."""
+
+    cfg: Config
+    timetable: Timetable
+    tracker: ExpectedTracker
+
+
+class TestSink:
+    """Where one scheduled test's outcome goes (probes.base.ThroughputSink): the throughput
+    room, and the log for a test that gave no result."""
+
+    def __init__(self, room: ThroughputRoom, key: TestKey):
+        self.room, self.key = room, key
+
+    def result(self, result: ThroughputResult) -> None:
+        self.room.record(self.key, result)
+
+    def failure(self, reason: Reason, detail: str) -> None:
+        self.room.failed(self.key.peer, reason)
+        log.info("throughput %s %s: %s: %s", self.key.peer, "/".join(self.key.spec), reason, detail)
+
+
 class ThroughputTurns:
-    def __init__(self, cfg: Config, store: Store, timetable: Timetable, budget: Budget, tracker: ExpectedTracker,
+    def __init__(self, plan: Plan, results: ThroughputRoom, host: HostRoom, budget: Budget,
                  clock: Callable[[], float]):  # fmt: skip
-        self.store, self.budget, self.clock = store, budget, clock
-        self._take(cfg, timetable, tracker)
-        self._next: tuple[Config, Timetable, ExpectedTracker] | None = None
-        self._last_bytes: dict[tuple[str, tuple[str, str, str]], int] = {}
-        self.interface = ena.interface(cfg.host.interface)
+        self.results, self.host, self.budget, self.clock = results, host, budget, clock
+        self._take(plan)
+        self._next: Plan | None = None
+        self._last_bytes: dict[tuple[str, TestSpec], int] = {}
+        self.interface = ena.interface(plan.cfg.host.interface)
+        # Builds each test's prober (target, test, sink); a test may put a stand-in here.
+        self.make_prober: Callable[[Target, ThroughputTest, TestSink], Prober] = PROBERS["throughput"]
         # When this host's own tests ran, with DRAIN_SECONDS after each: RTT samples taken
         # then are "loaded" even where a retried test ran past the schedule's window.
         self._running_since: float | None = None
         self._ran: collections.deque[tuple[float, float]] = collections.deque(maxlen=8)
 
-    def _take(self, cfg: Config, timetable: Timetable, tracker: ExpectedTracker) -> None:
-        self.cfg, self.timetable, self.tracker = cfg, timetable, tracker
-        self.peers = {p.name: p for p in cfg.peers}
-        self.prober = ThroughputProber(cfg.iperf3.binary, cfg.schedule.timeout_margin_seconds)
+    def _take(self, plan: Plan) -> None:
+        self.cfg, self.timetable, self.tracker = plan
+        self.peers = {p.name: p for p in plan.cfg.peers}
 
-    def use(self, cfg: Config, timetable: Timetable, tracker: ExpectedTracker) -> None:
+    def use(self, plan: Plan) -> None:
         """A reload: the next turn is planned with these (a turn under way ends as planned)."""
-        self._next = (cfg, timetable, tracker)
+        self._next = plan
 
     def testing(self, at: float) -> bool:
         """Whether this host was in one of its own tests at `at` (or just after one)."""
@@ -64,28 +91,33 @@ class ThroughputTurns:
         taken: tuple[float, str] | None = None
         while not stop.is_set():
             if self._next is not None:
-                self._take(*self._next)
+                self._take(self._next)
                 self._next = None
             turn = self.timetable.next_turn(host, self.clock())
             if turn is None:  # no throughput peer: nothing to do until a reload brings one
                 await self._sleep_until(float("inf"))
                 continue
-            if (turn.start, turn.peer) == taken:  # its tests are done (or the clock was stepped back into it)
+            peer = self.peers.get(turn.peer)
+            # Done already (or the clock was stepped back into it); or, until a reload's epoch, a
+            # turn of the schedule before it against a member that the new config removed.
+            if (turn.start, turn.peer) == taken or peer is None:
                 await self._sleep_until(turn.end)
                 continue
-            peer = self.peers[turn.peer]
             if not await self._sleep_until(turn.start + random.uniform(0, self.cfg.schedule.jitter_seconds)):
                 continue
             taken = (turn.start, turn.peer)
-            settings = self.cfg.throughput_for(peer)
-            if settings.enabled:
-                self.store.schedule_turns += 1
-                self.store.last_turn = self.clock()
-                try:
-                    await self.run_turn(peer, settings, turn.end)
-                except Exception as exc:
-                    self.store.turn_errors[type(exc).__name__] += 1
-                    log.exception("throughput turn against %s failed; going on with the next turn", peer.name)
+            await self._take_turn(peer, turn.end)
+
+    async def _take_turn(self, peer: Peer, deadline: float) -> None:
+        settings = self.cfg.throughput_for(peer)
+        if not settings.enabled:
+            return
+        self.host.turn_taken()
+        try:
+            await self.run_turn(peer, settings, deadline)
+        except Exception as exc:
+            self.host.turn_failed(type(exc).__name__)
+            log.exception("throughput turn against %s failed; going on with the next turn", peer.name)
 
     async def _sleep_until(self, when: float) -> bool:
         """Wait until the wall clock reads `when`, reading it at least every
@@ -106,45 +138,49 @@ class ThroughputTurns:
 
     async def run_turn(self, peer: Peer, settings: ThroughputSettings, deadline: float) -> None:
         """Run every configured test against `peer` before `deadline` (Unix time)."""
-        margin = self.cfg.schedule.timeout_margin_seconds
         keys = settings.tests()
         self.tracker.rate_all(peer, keys)
         for key in keys:
-            test = self.test(peer, settings, key)
             if not self.budget.allows(self._last_bytes.get((peer.name, key), 0)):
-                self.store.skipped[peer.name, "budget"] += 1
+                self.results.skip(peer.name, "budget")
                 continue
-            while True:
-                if self.clock() + test.max_seconds(margin) > deadline:
-                    self.store.skipped[peer.name, "slot_over"] += 1
-                    break
-                before = await asyncio.to_thread(ena.read, self.interface)
-                try:
-                    with self._in_test(peer.name, key):
-                        result = await self.prober.run(test)
-                except ProbeFailure as exc:
-                    self.store.failure("throughput", peer.name, exc.reason)
-                    log.info("throughput %s %s: %s", peer.name, key, exc)
-                    if exc.reason == "busy":
-                        await asyncio.sleep(random.uniform(1, 3))
-                        continue
-                    break
-                self.tracker.rate(peer, key, result)
-                self.store.record_throughput((peer.name, *key), result)
-                after = await asyncio.to_thread(ena.read, self.interface)
-                if before is not None and after is not None:
-                    rises = ena.rose(before, after)
-                    self.store.allowance_rises[(peer.name, *key)] = rises
-                    if rises:
-                        log.warning("throughput -> %s %s: %s", peer.name, key, ena.explain(rises))
-                self._last_bytes[peer.name, key] = result.moved_bytes()
-                log.info("throughput -> %s %s x%s %s: %.4g Mbit/s", peer.name, *key,
-                         result.receiver_bytes_per_second * 8e-6)  # fmt: skip
-                self.budget.spend(result.moved_bytes())
-                break
+            await self._run_test(peer, self.test(peer, settings, key), key, deadline)
+
+    async def _run_test(self, peer: Peer, test: ThroughputTest, spec: TestSpec, deadline: float) -> None:
+        """One test, tried again while the peer's server is busy and the turn has time for it."""
+        target = Target(str(peer.address), peer.iperf3_port or self.cfg.iperf3.port)
+        key = TestKey.of(peer.name, spec)
+        while True:
+            if self.clock() + test.max_seconds() > deadline:
+                self.results.skip(peer.name, "slot_over")
+                return
+            before = await asyncio.to_thread(ena.read, self.interface)
+            with self._in_test(peer.name, spec):
+                outcome = await self.make_prober(target, test, TestSink(self.results, key)).run()
+            if outcome == "busy":
+                await asyncio.sleep(random.uniform(1, 3))
+                continue
+            if isinstance(outcome, ThroughputResult):
+                await self._after(peer, key, outcome, before)
+            return
+
+    async def _after(self, peer: Peer, key: TestKey, result: ThroughputResult, before: dict[str, int] | None) -> None:
+        """A test's result: its expected value, the allowance counters it raised, its bytes."""
+        self.tracker.rate(peer, key.spec, result)
+        after = await asyncio.to_thread(ena.read, self.interface)
+        self.host.read_allowances(self.interface, after)
+        if before is not None and after is not None:
+            rises = ena.rose(before, after)
+            self.results.allowances_rose(key, rises)
+            if rises:
+                log.warning("throughput -> %s %s: %s", peer.name, key.spec, ena.explain(rises))
+        self._last_bytes[peer.name, key.spec] = result.moved_bytes()
+        log.info("throughput -> %s %s x%s %s: %.4g Mbit/s", peer.name, *key.spec,
+                 result.receiver_bytes_per_second * 8e-6)  # fmt: skip
+        self.budget.spend(result.moved_bytes())
 
     @contextlib.contextmanager
-    def _in_test(self, peer: str, key: tuple[str, str, str]) -> Iterator[None]:
+    def _in_test(self, peer: str, key: TestSpec) -> Iterator[None]:
         # The test's span in the log (Unix seconds): when it held this host and the peer.
         self._running_since = started = self.clock()
         try:
@@ -155,11 +191,10 @@ class ThroughputTurns:
             self._ran.append((started, ended + DRAIN_SECONDS))
             log.info("throughput test -> %s %s: from %.3f to %.3f", peer, "/".join(key), started, ended)
 
-    def test(self, peer: Peer, s: ThroughputSettings, key: tuple[str, str, str]) -> ThroughputTest:
+    def test(self, peer: Peer, s: ThroughputSettings, key: TestSpec) -> ThroughputTest:
         protocol, streams, direction = key
         auth = self.cfg.iperf3.auth
         return ThroughputTest(
-            address=str(peer.address), port=peer.iperf3_port or self.cfg.iperf3.port,
             protocol=protocol, streams=int(streams), direction=direction,
             duration_seconds=s.duration_seconds, omit_seconds=s.omit_seconds,
             congestion=s.congestion, udp_bitrate=s.udp_bitrate, window_bytes=s.window_bytes,
@@ -168,4 +203,5 @@ class ThroughputTurns:
             public_key_file=auth.public_key_file if auth else None,
             steady_state=Detector.of(s.steady_state) if s.steady_state.enabled else None,
             rtt_hint_seconds=self.tracker.windows[peer.name].median(),
+            binary=self.cfg.iperf3.binary, margin_seconds=self.cfg.schedule.timeout_margin_seconds,
         )  # fmt: skip

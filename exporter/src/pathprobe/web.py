@@ -7,7 +7,10 @@ rendering is slow, so that it never takes more than 5% of a core) for as long as
 scrapes keep coming, and a scrape returns the latest snapshot at once. Only the
 very first scrape renders in the request. What a scrape reads is at most
 `refresh` seconds old (it says how old in pathprobe_scrape_snapshot_age_seconds),
-and every result carries its own timestamp metric.
+and every result carries its own timestamp metric. A render that raises is logged and
+counted (pathprobe_scrape_render_errors_total) and the last good snapshot is served on,
+its age growing, until the next render (`refresh` later) succeeds: /metrics never answers
+500 for what the exporter holds.
 
 Connections are handled so that no client can hold the others off: the listening
 socket is never wrapped in TLS (the handshake of each connection runs in its own
@@ -82,21 +85,39 @@ class Snapshot:
         self._lock = threading.Lock()
         self._body = b""
         self._gzipped = b""
-        self._taken = 0.0
+        self._taken = time.monotonic()  # before the first render: its age counts from the start
         self._render_seconds = 0.0
         self._last_scrape = 0.0
         self._scraped = threading.Event()
         self._thread: threading.Thread | None = None
+        self.render_errors = 0
+        self._failing = 0  # renders failed in a row
 
     def render(self) -> None:
+        """A new snapshot; on an error, the last one stays (never raises)."""
         start = time.monotonic()
-        body = generate_latest(self.registry)
+        try:
+            body = generate_latest(self.registry)
+        except Exception:
+            self._failed()
+            return
         # Compressed once here rather than per scrape (Prometheus asks for gzip): a 500-peer
         # exposition is about 9 MB of text and 0.5 MB gzipped.
         gzipped = gzip.compress(body, compresslevel=1)
         with self._lock:
             self._body, self._gzipped, self._taken = body, gzipped, time.monotonic()
             self._render_seconds = self._taken - start
+            self._failing = 0
+
+    def _failed(self) -> None:
+        with self._lock:
+            self.render_errors += 1
+            self._failing += 1
+            failing = self._failing
+        if failing == 1:  # the traceback once; then a line per failure until a render succeeds
+            log.exception("rendering /metrics failed: serving the last snapshot, retrying in %g s", self.refresh)
+        else:
+            log.error("rendering /metrics failed again (%d in a row): serving the last snapshot", failing)
 
     def _refresh_loop(self) -> None:
         while True:
@@ -110,7 +131,7 @@ class Snapshot:
         """The latest snapshot, plus its age; gzip members concatenate, so the trailer is a member of its own."""
         self._last_scrape = time.monotonic()
         with self._lock:
-            first = not self._body
+            first = not self._body and not self.render_errors  # the very first scrape renders itself
             if self._thread is None:
                 self._thread = threading.Thread(target=self._refresh_loop, name="render", daemon=True)
                 self._thread.start()
@@ -118,7 +139,7 @@ class Snapshot:
             self.render()
         self._scraped.set()
         with self._lock:
-            trailer = _trailer(time.monotonic() - self._taken, self._render_seconds)
+            trailer = _trailer(time.monotonic() - self._taken, self._render_seconds, self.render_errors)
         if self.stats is not None:
             trailer += self.stats.exposition()
         with self._lock:
@@ -127,7 +148,7 @@ class Snapshot:
             return self._body + trailer
 
 
-def _trailer(age: float, render_seconds: float) -> bytes:
+def _trailer(age: float, render_seconds: float, render_errors: int) -> bytes:
     return (
         "# HELP pathprobe_scrape_snapshot_age_seconds Age of the metrics snapshot this scrape returned.\n"
         "# TYPE pathprobe_scrape_snapshot_age_seconds gauge\n"
@@ -135,6 +156,10 @@ def _trailer(age: float, render_seconds: float) -> bytes:
         "# HELP pathprobe_scrape_render_seconds Time taken to render that snapshot.\n"
         "# TYPE pathprobe_scrape_render_seconds gauge\n"
         f"pathprobe_scrape_render_seconds {render_seconds:.6f}\n"
+        "# HELP pathprobe_scrape_render_errors_total Renders of the snapshot that failed (logged); the last good "
+        "snapshot is served until one succeeds.\n"
+        "# TYPE pathprobe_scrape_render_errors_total counter\n"
+        f"pathprobe_scrape_render_errors_total {render_errors}\n"
     ).encode()
 
 
@@ -152,57 +177,76 @@ Reload = Callable[[], "str | None"]
 def make_app(
     snapshot: Snapshot, basic_auth: tuple[str, str] | None, reload: Reload | None = None
 ) -> Callable[[dict[str, Any], StartResponse], Iterable[bytes]]:
-    expected = None
-    if basic_auth:
-        expected = b"Basic " + base64.b64encode(f"{basic_auth[0]}:{basic_auth[1]}".encode())
-    stats = snapshot.stats
+    return _App(snapshot, basic_auth, reload)
 
-    def refuse(reason: str) -> None:
-        if stats is not None:
-            stats.refuse(reason)
 
-    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        if expected is not None:
-            given = environ.get("HTTP_AUTHORIZATION", "").encode()
-            if len(given) > MAX_AUTHORIZATION:
-                refuse("header_too_large")
-                start_response("431 Request Header Fields Too Large", [("Content-Type", "text/plain")])
-                return [b"Authorization header too large\n"]
-            # Constant time: the time taken says nothing about how much of the password matched.
-            if not hmac.compare_digest(given, expected):
-                refuse("unauthorized")
-                start_response("401 Unauthorized", [("WWW-Authenticate", 'Basic realm="pathprobe"')])
-                return [b"Unauthorized\n"]
+class _App:
+    """The WSGI app: /metrics (the snapshot), / and /-/reload, behind basic auth when set."""
+
+    def __init__(self, snapshot: Snapshot, basic_auth: tuple[str, str] | None, reload: Reload | None):
+        self.snapshot, self.reload = snapshot, reload
+        self.expected = None
+        if basic_auth:
+            self.expected = b"Basic " + base64.b64encode(f"{basic_auth[0]}:{basic_auth[1]}".encode())
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        refused = self._unauthorized(environ, start_response)
+        if refused is not None:
+            return refused
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
-            gz = "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")
-            body = snapshot.get(gzipped=gz)
-            headers = [("Content-Type", CONTENT_TYPE_LATEST), ("Content-Length", str(len(body)))]
-            if gz:
-                headers.append(("Content-Encoding", "gzip"))
-            start_response("200 OK", headers)
-            return [body]
+            return self._metrics(environ, start_response)
+        if path == "/-/reload":
+            return self._lifecycle(environ, start_response)
         if path == "/":
             start_response("200 OK", [("Content-Type", "text/html")])
             return [LANDING]
-        if path == "/-/reload":
-            text = [("Content-Type", "text/plain")]
-            if reload is None:
-                start_response("403 Forbidden", text)
-                return [b"Lifecycle API is not enabled (web.enable_lifecycle).\n"]
-            if environ.get("REQUEST_METHOD") not in ("POST", "PUT"):
-                start_response("405 Method Not Allowed", [*text, ("Allow", "POST, PUT")])
-                return [b"Only POST or PUT requests allowed.\n"]
-            problem = reload()
-            if problem is not None:  # as Prometheus answers a failed reload
-                start_response("500 Internal Server Error", text)
-                return [f"failed to reload config: {problem}\n".encode()]
-            start_response("200 OK", text)
-            return [b"config reloaded\n"]
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"Not found\n"]
 
-    return app
+    def _refuse(self, reason: str) -> None:
+        if self.snapshot.stats is not None:
+            self.snapshot.stats.refuse(reason)
+
+    def _unauthorized(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes] | None:
+        """The answer refusing a request without the password; None when it may go on."""
+        if self.expected is None:
+            return None
+        given = environ.get("HTTP_AUTHORIZATION", "").encode()
+        if len(given) > MAX_AUTHORIZATION:
+            self._refuse("header_too_large")
+            start_response("431 Request Header Fields Too Large", [("Content-Type", "text/plain")])
+            return [b"Authorization header too large\n"]
+        # Constant time: the time taken says nothing about how much of the password matched.
+        if not hmac.compare_digest(given, self.expected):
+            self._refuse("unauthorized")
+            start_response("401 Unauthorized", [("WWW-Authenticate", 'Basic realm="pathprobe"')])
+            return [b"Unauthorized\n"]
+        return None
+
+    def _metrics(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        gz = "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")
+        body = self.snapshot.get(gzipped=gz)
+        headers = [("Content-Type", CONTENT_TYPE_LATEST), ("Content-Length", str(len(body)))]
+        if gz:
+            headers.append(("Content-Encoding", "gzip"))
+        start_response("200 OK", headers)
+        return [body]
+
+    def _lifecycle(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        text = [("Content-Type", "text/plain")]
+        if self.reload is None:
+            start_response("403 Forbidden", text)
+            return [b"Lifecycle API is not enabled (web.enable_lifecycle).\n"]
+        if environ.get("REQUEST_METHOD") not in ("POST", "PUT"):
+            start_response("405 Method Not Allowed", [*text, ("Allow", "POST, PUT")])
+            return [b"Only POST or PUT requests allowed.\n"]
+        problem = self.reload()
+        if problem is not None:  # as Prometheus answers a failed reload
+            start_response("500 Internal Server Error", text)
+            return [f"failed to reload config: {problem}\n".encode()]
+        start_response("200 OK", text)
+        return [b"config reloaded\n"]
 
 
 class _Server(ThreadingMixIn, WSGIServer):
@@ -320,7 +364,7 @@ class _DebugLog(io.TextIOBase):
         return len(text)
 
 
-def serve(
+def serve(  # noqa: PLR0913 - keyword-only: the server's limits, with their defaults
     settings: WebSettings,
     registry: CollectorRegistry,
     *,

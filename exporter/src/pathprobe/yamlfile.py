@@ -137,67 +137,94 @@ class _Open:
 
 def _compose(loader: Any, lines: dict[Loc, int], duplicates: list[tuple[int, str]]) -> Node | None:
     """The single document's node tree, from the parser's events, without recursion."""
-    loader.get_event()  # StreamStartEvent
-    if loader.check_event(StreamEndEvent):
-        return None
-    loader.get_event()  # DocumentStartEvent
-    stack: list[_Open] = []
-    anchors: dict[str, tuple[Node, int]] = {}  # name -> (node, values it holds with aliases expanded)
-    count = 0  # values so far, aliases expanded
-    while True:
-        event: Event = loader.get_event()
-        mark: Any = event.start_mark
-        loc = _loc_of_next(stack)
-        if loc is not None and isinstance(event, (AliasEvent, ScalarEvent, CollectionStartEvent)):
-            lines.setdefault(loc, mark.line + 1)
-        node: Node
+    return _Composer(loader, lines, duplicates).compose()
+
+
+class _Composer:
+    """Composes one document event by event with a stack of open collections (no recursion),
+    counting the values it holds with aliases expanded, and its depth, as it goes."""
+
+    def __init__(self, loader: Any, lines: dict[Loc, int], duplicates: list[tuple[int, str]]):
+        self.loader, self.lines, self.duplicates = loader, lines, duplicates
+        self.stack: list[_Open] = []
+        self.anchors: dict[str, tuple[Node, int]] = {}  # name -> (node, values it holds with aliases expanded)
+        self.count = 0  # values so far, aliases expanded
+
+    def compose(self) -> Node | None:
+        loader = self.loader
+        loader.get_event()  # StreamStartEvent
+        if loader.check_event(StreamEndEvent):
+            return None
+        loader.get_event()  # DocumentStartEvent
+        while True:
+            event: Event = loader.get_event()
+            mark: Any = event.start_mark
+            loc = _loc_of_next(self.stack)
+            if loc is not None and isinstance(event, (AliasEvent, ScalarEvent, CollectionStartEvent)):
+                self.lines.setdefault(loc, mark.line + 1)
+            if isinstance(event, (SequenceStartEvent, MappingStartEvent)):
+                self._open(event, mark, loc)
+                continue
+            node = self._node(event, mark)
+            if not self.stack:
+                break
+            self._attach(self.stack[-1], node, mark.line + 1)
+        loader.get_event()  # DocumentEndEvent
+        if not loader.check_event(StreamEndEvent):
+            raise _Refused(loader.get_event().start_mark, "more than one YAML document (---) in this file")
+        return node
+
+    def _counted(self, mark: Any, n: int, what: str = "values") -> None:
+        self.count += n
+        if self.count > MAX_NODES:
+            raise _Refused(mark, f"more than {MAX_NODES} {what}")
+
+    def _open(self, event: SequenceStartEvent | MappingStartEvent, mark: Any, loc: Loc | None) -> None:
+        self._counted(mark, 1)
+        if event.tag not in (None, "!"):
+            raise _Refused(mark, f"the tag {event.tag} is not allowed in this file")
+        if len(self.stack) >= MAX_DEPTH:
+            raise _Refused(mark, f"nested deeper than {MAX_DEPTH} levels")
+        kind = SequenceNode if isinstance(event, SequenceStartEvent) else MappingNode
+        node = kind(self.loader.resolve(kind, None, event.implicit), [], mark, None, flow_style=event.flow_style)
+        self.stack.append(_Open(node, loc, self.count - 1, event.anchor, seen=None if kind is SequenceNode else {}))
+
+    def _node(self, event: Event, mark: Any) -> Node:
+        """The node that an alias, a scalar or the end of a collection completes."""
         if isinstance(event, AliasEvent):
-            if event.anchor not in anchors:
-                inside = any(frame.anchor == event.anchor for frame in stack)
+            if event.anchor not in self.anchors:
+                inside = any(frame.anchor == event.anchor for frame in self.stack)
                 why = "inside its own anchor (a recursive structure)" if inside else "has no anchor before it"
                 raise _Refused(mark, f"alias *{event.anchor} {why}")
-            node, size = anchors[event.anchor]
-            count += size
-            if count > MAX_NODES:
-                raise _Refused(mark, f"more than {MAX_NODES} values with aliases expanded")
-        elif isinstance(event, ScalarEvent):
-            count += 1
-            if count > MAX_NODES:
-                raise _Refused(mark, f"more than {MAX_NODES} values")
-            node = _scalar(loader, event, mark)
+            node, size = self.anchors[event.anchor]
+            self._counted(mark, size, "values with aliases expanded")
+            return node
+        if isinstance(event, ScalarEvent):
+            self._counted(mark, 1)
+            node = _scalar(self.loader, event, mark)
             if event.anchor is not None:
-                anchors[event.anchor] = (node, 1)
-        elif isinstance(event, (SequenceStartEvent, MappingStartEvent)):
-            count += 1
-            if count > MAX_NODES:
-                raise _Refused(mark, f"more than {MAX_NODES} values")
-            if event.tag not in (None, "!"):
-                raise _Refused(mark, f"the tag {event.tag} is not allowed in this file")
-            if len(stack) >= MAX_DEPTH:
-                raise _Refused(mark, f"nested deeper than {MAX_DEPTH} levels")
-            if isinstance(event, SequenceStartEvent):
-                seq = SequenceNode(loader.resolve(SequenceNode, None, event.implicit), [], mark, None,
-                                   flow_style=event.flow_style)  # fmt: skip
-                stack.append(_Open(seq, loc, count - 1, event.anchor))
-            else:
-                mapping = MappingNode(loader.resolve(MappingNode, None, event.implicit), [], mark, None,
-                                      flow_style=event.flow_style)  # fmt: skip
-                stack.append(_Open(mapping, loc, count - 1, event.anchor, seen={}))
-            continue
-        elif isinstance(event, (SequenceEndEvent, MappingEndEvent)):
-            frame = stack.pop()
-            node = frame.node
+                self.anchors[event.anchor] = (node, 1)
+            return node
+        if isinstance(event, (SequenceEndEvent, MappingEndEvent)):
+            frame = self.stack.pop()
             if frame.anchor is not None:
-                anchors[frame.anchor] = (node, count - frame.start)
-        else:  # the parser guarantees the order of events
-            raise _Refused(mark, f"unexpected {type(event).__name__}")
-        if not stack:
-            break
-        _attach(loader, stack[-1], node, mark.line + 1, lines, duplicates)
-    loader.get_event()  # DocumentEndEvent
-    if not loader.check_event(StreamEndEvent):
-        raise _Refused(loader.get_event().start_mark, "more than one YAML document (---) in this file")
-    return node
+                self.anchors[frame.anchor] = (frame.node, self.count - frame.start)
+            return frame.node
+        raise _Refused(mark, f"unexpected {type(event).__name__}")  # the parser guarantees the order of events
+
+    def _attach(self, top: _Open, node: Node, line: int) -> None:
+        """Add a finished node (`line`: where it started, or its alias) to the collection being composed."""
+        if isinstance(top.node, SequenceNode):
+            top.node.value.append(node)
+        elif top.key is None:
+            top.key = node
+            if isinstance(node, ScalarNode) and node.tag != "tag:yaml.org,2002:merge":
+                if top.loc is not None:
+                    self.lines.setdefault((*top.loc, node.value), line)  # a field's line is its key's
+                _check_duplicate(self.loader.construct_object(node), line, top, node, self.duplicates)
+        else:
+            top.node.value.append((top.key, node))
+            top.key = None
 
 
 def _scalar(loader: Any, event: ScalarEvent, mark: Any) -> ScalarNode:
@@ -230,23 +257,6 @@ def _loc_of_next(stack: list[_Open]) -> Loc | None:
             return None
         return (*parent.loc, parent.key.value) if isinstance(parent.key, ScalarNode) else None
     return (*parent.loc, len(parent.node.value))
-
-
-def _attach(
-    loader: Any, top: _Open, node: Node, line: int, lines: dict[Loc, int], duplicates: list[tuple[int, str]]
-) -> None:
-    """Add a finished node (`line`: where it started, or its alias) to the collection being composed."""
-    if isinstance(top.node, SequenceNode):
-        top.node.value.append(node)
-    elif top.key is None:
-        top.key = node
-        if isinstance(node, ScalarNode) and node.tag != "tag:yaml.org,2002:merge":
-            if top.loc is not None:
-                lines.setdefault((*top.loc, node.value), line)  # a field's line is its key's
-            _check_duplicate(loader.construct_object(node), line, top, node, duplicates)
-    else:
-        top.node.value.append((top.key, node))
-        top.key = None
 
 
 def _check_duplicate(key: Any, line: int, top: _Open, node: Node, duplicates: list[tuple[int, str]]) -> None:

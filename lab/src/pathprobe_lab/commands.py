@@ -23,7 +23,13 @@ from .topology import PathSpec
 def add_parser(sub: Any) -> None:
     lab = sub.add_parser("lab", help="several regions on one machine (network namespaces)")
     cmds = lab.add_subparsers(required=True, metavar="ACTION")
+    _add_hosts(cmds)
+    _add_paths(cmds)
+    _add_files(cmds)
+    _add_demo(sub)
 
+
+def _add_hosts(cmds: Any) -> None:
     u = cmds.add_parser("up", help="build the lab's hosts and paths")
     u.add_argument("--topology", help="topology YAML (default: Tokyo, Osaka, Singapore)")
     u.set_defaults(func=cmd_up)
@@ -40,6 +46,8 @@ def add_parser(sub: Any) -> None:
     e.add_argument("command", nargs=argparse.REMAINDER)
     e.set_defaults(func=cmd_exec)
 
+
+def _add_paths(cmds: Any) -> None:
     i = cmds.add_parser("impair", help="change one directed path live (SRC -> DST)")
     i.add_argument("src")
     i.add_argument("dst")
@@ -58,6 +66,8 @@ def add_parser(sub: Any) -> None:
     f.add_argument("rate", help="lab bits/s, e.g. 150M; 'restore' for the table's figure at the lab's scale")
     f.set_defaults(func=cmd_per_flow_cap)
 
+
+def _add_files(cmds: Any) -> None:
     w = cmds.add_parser("webhook-routing", help="alertmanager.yml with every receiver a webhook (lab, laptop)")
     w.add_argument("--url", required=True, help="the webhook receiver's URL")
     w.add_argument("--config", required=True, type=Path, help="the production Alertmanager config")
@@ -68,26 +78,28 @@ def add_parser(sub: Any) -> None:
     c.add_argument("file")
     c.set_defaults(func=cmd_check_topology)
 
+
+def _add_demo(sub: Any) -> None:
     al = sub.add_parser("alert-log", help="an Alertmanager webhook receiver that logs alerts to a file")
     al.add_argument("--listen", default="127.0.0.1:19099", help="HOST:PORT")
     al.add_argument("--file", required=True, help="append each notification here, one JSON object a line")
     al.set_defaults(func=cmd_alert_log)
 
-    demo = sub.add_parser("demo", help="lab + exporters + Prometheus + Alertmanager, with a live table")
-    demo.add_argument("--topology")
-    demo.add_argument("--prometheus-port", type=int, default=19090)
-    demo.add_argument("--alertmanager-port", type=int, default=19093)
-    demo.add_argument("--slot-seconds", type=float, default=40)
-    demo.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0: until Ctrl-C)")
-    demo.add_argument("--workdir", default="/var/tmp/pathprobe-demo")
-    demo.add_argument(
+    d = sub.add_parser("demo", help="lab + exporters + Prometheus + Alertmanager, with a live table")
+    d.add_argument("--topology")
+    d.add_argument("--prometheus-port", type=int, default=19090)
+    d.add_argument("--alertmanager-port", type=int, default=19093)
+    d.add_argument("--slot-seconds", type=float, default=40)
+    d.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0: until Ctrl-C)")
+    d.add_argument("--workdir", default="/var/tmp/pathprobe-demo")
+    d.add_argument(
         "--alertmanager-routing",
         type=Path,
         metavar="FILE",
         help="production alertmanager.yml whose routing the demo keeps (receivers become the alert log)",
     )
 
-    demo.set_defaults(func=cmd_demo)
+    d.set_defaults(func=cmd_demo)
 
 
 def _state() -> State:

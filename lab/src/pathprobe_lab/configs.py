@@ -103,25 +103,19 @@ def scrape_targets(topo: Topology) -> list[dict[str, Any]]:
 def lab_alert_params(rotation_seconds: float) -> Params:
     """The production rules with windows short enough for a lab fire drill (minutes)."""
     window = f"{int(2 * rotation_seconds + 30)}s"  # two tests of every path
-    return Params(
-        throughput_window=window,
-        rtt_recent_window="1m",
-        rtt_baseline_window="15m",
-        rtt_baseline_step="30s",
-        rtt_for="30s",
-        loss_window="1m",
-        loss_for="30s",
-        partial_failure_for="60s",  # longer than any self-inflicted loss of a test (a flow counts 32 packets)
-        mtu_memory="15m",
-        mtu_for="30s",
-        unreachable_window="30s",
-        unreachable_for="30s",
-        exporter_down_for="30s",
-        budget_for="30s",
-        refused_window="1m",
-        schedule_mismatch_for="1m",
-        evaluation_interval="5s",
-    )
+    half_minute = ("rtt_for", "loss_for", "mtu_for", "unreachable_window", "unreachable_for", "exporter_down_for",
+                   "budget_for")  # fmt: skip
+    minute = ("rtt_recent_window", "loss_window", "refused_window", "schedule_mismatch_for")
+    return Params.model_validate({
+        **dict.fromkeys(half_minute, "30s"),
+        **dict.fromkeys(minute, "1m"),
+        "throughput_window": window,
+        "rtt_baseline_window": "15m",
+        "rtt_baseline_step": "30s",
+        "partial_failure_for": "60s",  # longer than any self-inflicted loss of a test (a flow counts 32 packets)
+        "mtu_memory": "15m",
+        "evaluation_interval": "5s",
+    })  # fmt: skip
 
 
 def rotation_seconds(topo: Topology, slot_seconds: float) -> float:

@@ -235,7 +235,8 @@ def start_exporters(topo: topology.Topology, work: Path, slot_seconds: float) ->
     return targets
 
 
-def start_monitoring(topo: topology.Topology, work: Path, prom_port: int, am_port: int, routing: Path | None,
+# The demo and the fire drill place the lab's monitoring each its own way: ports, routing, timing.
+def start_monitoring(topo: topology.Topology, work: Path, prom_port: int, am_port: int, routing: Path | None,  # noqa: PLR0913, PLR0917 - see above
                      slot_seconds: float, webhook_port: int = WEBHOOK_PORT) -> tuple[str, str]:  # fmt: skip
     rule_file = work / "pathprobe.rules.yml"
     rule_file.write_text(rules.dump(lab_alert_params(rotation_seconds(topo, slot_seconds))))

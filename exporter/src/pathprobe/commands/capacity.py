@@ -77,21 +77,18 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         bitrate = parse_quantity(args.bitrate, "--bitrate")
         rmem = _buffer(args.receiver_rmem, "--receiver-rmem", "rmem")
         wmem = _buffer(args.sender_wmem, "--sender-wmem", "wmem")
+        if not streams or min(streams) < 1 or max(streams) > 128:
+            raise ValueError("--streams: counts from 1 to 128")
+        overrides = _overrides(args.limit)
     except ValueError as exc:
         return _fail(str(exc))
-    if not streams or min(streams) < 1 or max(streams) > 128:
-        return _fail("--streams: counts from 1 to 128")
-    try:
-        overrides = Limits(**{f"{name}_bits_per_second": rate for name, rate in map(_limit, args.limit)})
-    except ValueError as exc:
-        return _fail(f"--limit: {exc}")
     # The limits read the path's class, the peer's instance type and the overrides (no address).
     peer = Peer(name=args.peer or args.target or "peer", address="0.0.0.0", region="-", limits=overrides,
                 path_class=PathClass(args.path_class), instance_type=args.peer_instance_type)  # fmt: skip
     if args.from_prometheus:
         if not args.peer:
             return _fail("--from-prometheus needs --peer")
-        review = from_prometheus(args, streams, peer, rmem, wmem, volume)
+        review = from_prometheus(args, streams, peer, (rmem, wmem), volume)
     else:
         if not args.target:
             return _fail("give a TARGET, or --from-prometheus URL --peer NAME")
@@ -124,6 +121,14 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
 
 LIMIT_NAMES = ("per_flow", "instance", "instance_peak", "region_cap", "transit_gateway", "expected")
+
+
+def _overrides(given: list[str]) -> Limits:
+    """The --limit NAME=RATE options as the path's limits."""
+    try:
+        return Limits(**{f"{name}_bits_per_second": rate for name, rate in map(_limit, given)})
+    except ValueError as exc:
+        raise ValueError(f"--limit: {exc}") from exc
 
 
 def _limit(text: str) -> tuple[str, float]:
@@ -163,13 +168,12 @@ async def sweep(args: argparse.Namespace, streams: list[int], bitrate: float, rt
     interface = ena.interface("")  # the ENA allowance counters of the default route's interface
     steady = Detector.of(SteadyStateSettings()) if args.steady_state else None
     for n in streams:
-        test = ThroughputTest(args.target, args.port, args.protocol, n, "receive" if args.reverse else "send",
-                              args.duration, args.omit, udp_bitrate=bitrate, steady_state=steady,
-                              rtt_hint_seconds=rtt)  # fmt: skip
+        test = ThroughputTest(args.protocol, n, "receive" if args.reverse else "send", args.duration, args.omit,
+                              udp_bitrate=bitrate, steady_state=steady, rtt_hint_seconds=rtt)  # fmt: skip
         for attempt in range(BUSY_RETRIES):
             before = ena.read(interface)
             try:
-                r = await ThroughputProber().run(test)
+                r = await ThroughputProber(Target(args.target, args.port), test).measure()
                 after = ena.read(interface)
                 rows.append(Row(n, r.receiver_bytes_per_second * 8, r.retransmits, r.udp_loss_ratio,
                                 allowance_exceeded=ena.rose(before, after) if after is not None else None))  # fmt: skip
@@ -185,9 +189,11 @@ async def sweep(args: argparse.Namespace, streams: list[int], bitrate: float, rt
     return rows
 
 
-def from_prometheus(args: argparse.Namespace, streams: list[int], peer: Peer, rmem: int | None, wmem: int | None,
+def from_prometheus(args: argparse.Namespace, streams: list[int], peer: Peer, buffers: tuple[int | None, int | None],
                     volume: float) -> Review:  # fmt: skip
-    """The review from 30 days of stored results: the median of each stream count's tests."""
+    """The review from 30 days of stored results: the median of each stream count's tests.
+    `buffers`: the receiver's tcp_rmem and the sender's tcp_wmem max."""
+    rmem, wmem = buffers
     direction = "receive" if args.reverse else "send"
     sel = f'peer="{args.peer}",protocol="{args.protocol}",direction="{direction}"'
     if args.source_host:

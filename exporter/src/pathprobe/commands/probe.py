@@ -33,6 +33,11 @@ from .common import EXIT_BAD_INPUT, EXIT_PROBE_FAILED, quantity
 
 def add_parser(sub: Any) -> None:
     probe = sub.add_parser("probe", help="one-shot probes for humans").add_subparsers(required=True, metavar="PROBE")
+    for add in (_add_throughput, _add_rtt, _add_loss, _add_mtu):
+        add(probe)
+
+
+def _add_throughput(probe: Any) -> None:
     t = probe.add_parser("throughput", help="iperf3 test against a peer's iperf3 server")
     t.add_argument("target")
     t.add_argument("--port", type=int, default=default(Iperf3Settings, "port"))
@@ -60,10 +65,18 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=cmd_throughput)
 
-    r = probe.add_parser("rtt", help="TCP request/response RTT (as netperf TCP_RR)")
-    r.add_argument("target")
-    r.add_argument("--port", type=int, default=default(Responders, "rr_port"))
-    r.add_argument("--count", "-c", type=int, default=20)
+
+def _continuous(probe: Any, name: str, help: str, port: int, count: int) -> Any:  # noqa: A002 - argparse's word
+    """The parser of a continuous probe run a few times: its target, port and count."""
+    p = probe.add_parser(name, help=help)
+    p.add_argument("target")
+    p.add_argument("--port", type=int, default=port)
+    p.add_argument("--count", "-c", type=int, default=count)
+    return p
+
+
+def _add_rtt(probe: Any) -> None:
+    r = _continuous(probe, "rtt", "TCP request/response RTT (as netperf TCP_RR)", default(Responders, "rr_port"), 20)
     r.add_argument("--interval", "-i", type=float, default=default(RttSettings, "interval_seconds"),
                    help="seconds between requests")  # fmt: skip
     r.add_argument("--size", type=int, default=default(RttSettings, "size_bytes"), help="request and response size")
@@ -72,10 +85,10 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_rtt)
 
-    lo = probe.add_parser("loss", help="UDP echo stream: loss by direction, jitter, RTT, failing flows")
-    lo.add_argument("target")
-    lo.add_argument("--port", type=int, default=default(Responders, "echo_port"))
-    lo.add_argument("--count", "-c", type=int, default=100)
+
+def _add_loss(probe: Any) -> None:
+    lo = _continuous(probe, "loss", "UDP echo stream: loss by direction, jitter, RTT, failing flows",
+                     default(Responders, "echo_port"), 100)  # fmt: skip
     lo.add_argument("--rate", type=float, default=50, help="packets per second")
     lo.add_argument("--size", type=int, default=default(LossSettings, "size_bytes"),
                     help=f"bytes per packet, {wire.ECHO_HEADER.size} to {wire.ECHO_MAX_SIZE}")  # fmt: skip
@@ -85,6 +98,8 @@ def add_parser(sub: Any) -> None:
     lo.add_argument("--json", action="store_true")
     lo.set_defaults(func=cmd_loss)
 
+
+def _add_mtu(probe: Any) -> None:
     m = probe.add_parser("mtu", help="which IP packet sizes the path carries (Don't Fragment set)")
     m.add_argument("target")
     m.add_argument("--port", type=int, default=default(Responders, "echo_port"))
@@ -115,15 +130,16 @@ def _fail(probe: str, target: str, exc: ProbeFailure) -> int:
 def cmd_throughput(args: argparse.Namespace) -> int:
     window = quantity(args.window, "--window")
     test = ThroughputTest(
-        address=args.target, port=args.port, protocol=args.protocol, streams=args.streams,
+        protocol=args.protocol, streams=args.streams,
         direction="receive" if args.reverse else "send", duration_seconds=args.duration,
         omit_seconds=args.omit, congestion=args.congestion,
         udp_bitrate=quantity(args.bitrate, "--bitrate") or default(ThroughputSettings, "udp_bitrate"),
         window_bytes=int(window) if window else None,
         steady_state=Detector.of(SteadyStateSettings()) if args.steady_state else None, rtt_hint_seconds=args.rtt_hint,
+        binary=args.iperf3,
     )  # fmt: skip
     try:
-        result = asyncio.run(ThroughputProber(args.iperf3).run(test))
+        result = asyncio.run(ThroughputProber(Target(args.target, args.port), test).measure())
     except ProbeFailure as exc:
         return _fail("throughput", args.target, exc)
     print(json.dumps(result.to_json(), indent=2) if args.json else describe_throughput(args.target, result))
@@ -179,14 +195,14 @@ def cmd_loss(args: argparse.Namespace) -> int:
 
 def cmd_mtu(args: argparse.Namespace) -> int:
     settings = _settings(MtuSettings, timeout_seconds=args.timeout, sizes=args.sizes)
-    sizes = settings.sizes_for(args.path_class)
+    settings = settings.model_copy(update={"sizes": settings.sizes_for(args.path_class)})
     seen: list[dict[str, Any]] = []
 
     class Sink:
         def mtu(self, size: int, carried: bool, reason: str | None) -> None:
             seen.append({"size_bytes": size, "carried": carried, "reason": reason})
 
-    asyncio.run(MtuProber(Target(args.target, args.port), settings, sizes, Sink()).run(rounds=1))
+    asyncio.run(MtuProber(Target(args.target, args.port), settings, Sink()).run(rounds=1))
     if args.json:
         print(json.dumps(seen, indent=2))
     else:

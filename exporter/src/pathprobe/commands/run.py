@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__, config, limits, responders
-from ..collector import registry
 from ..exporter import Exporter, host_max_mtu
+from ..metrics import registry
 from ..web import serve
 from .common import EXIT_BAD_INPUT, EXIT_PROBE_FAILED, stop_on_signals
 
@@ -107,7 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return asyncio.run_coroutine_threadsafe(on_loop(), running[0]).result(RELOAD_WAIT_SECONDS)
 
     try:
-        server = serve(cfg.web, registry(exporter.collector), reload=reload_from_web)
+        server = serve(cfg.web, registry(exporter.rooms), reload=reload_from_web)
     except OSError as exc:  # a taken port, an unusable certificate (ssl.SSLError)
         print(f"pathprobe: cannot serve /metrics on {cfg.web.listen}: {exc}", file=sys.stderr)
         return EXIT_PROBE_FAILED

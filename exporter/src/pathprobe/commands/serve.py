@@ -29,6 +29,22 @@ def add_parser(sub: Any) -> None:
     s.set_defaults(func=cmd_serve)
 
 
+class Counts:
+    """What the responders report (responders.Events): the requests, printed at the end."""
+
+    def __init__(self) -> None:
+        self.requests: Counter[tuple[str, str]] = Counter()
+
+    def count_request(self, responder: str, result: str, n: int = 1) -> None:
+        self.requests[responder, result] += n
+
+    def set_iperf3_up(self, up: bool) -> None:
+        pass
+
+    def iperf3_restarted(self) -> None:
+        pass
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     allow = AllowList(args.allow or ["127.0.0.0/8", "::1/128"])
     settings = Responders(
@@ -43,8 +59,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     async def serve() -> None:
         stop = asyncio.Event()
         await stop_on_signals(stop)
-        counts: Counter[tuple[str, str]] = Counter()
-        running = await responders.start(settings, iperf3, allow, lambda r, res, n: counts.update({(r, res): n}))
+        counts = Counts()
+        running = await responders.start(settings, iperf3, allow, counts)
         print(
             f"pathprobe serve: iperf3 :{args.iperf3_port}, tcp rr :{args.rr_port}, udp echo :{args.echo_port}; "
             f"answering {allow}",
@@ -52,7 +68,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         await stop.wait()
         await running.close()
-        outcomes = ", ".join(f"{r} {res}={n}" for (r, res), n in sorted(counts.items()))
+        outcomes = ", ".join(f"{r} {res}={n}" for (r, res), n in sorted(counts.requests.items()))
         print("requests by outcome: " + (outcomes or "none"))
 
     try:

@@ -45,6 +45,10 @@ class Params(Strict):
     budget_for: str = Field(default="15m")
     refused_window: str = Field(default="15m")
     schedule_mismatch_for: str = Field(default="30m")
+    snapshot_stale_seconds: float = Field(
+        default=30, gt=0, description="/metrics snapshot older than this (a few refresh intervals)"
+    )
+    snapshot_stale_for: str = Field(default="5m")
     evaluation_interval: str = Field(default="1m", description="of the rule groups (the 7-day one runs at 5m)")
 
 

@@ -19,7 +19,7 @@ from .rules import REGION_PAIR_SERIES
 Layout = Literal["single", "regional", "global"]
 
 
-def render(
+def render(  # noqa: PLR0913 - keyword-only, each an optional section of prometheus.yml
     layout: Layout,
     *,
     file_sd: str | None = None,

@@ -8,6 +8,7 @@ the lab demo renders short windows so that a fire drill takes minutes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -31,18 +32,28 @@ REGION_PAIR = "region, peer_region"
 REGION_PAIR_SERIES = "region_pair:.+"
 
 
-def _alert(name: str, expr: str, severity: str, summary: str, description: str, p: Params,
-           for_: str | None = None) -> dict[str, Any]:  # fmt: skip
-    rule: dict[str, Any] = {"alert": name, "expr": expr.strip()}
-    if for_:
-        rule["for"] = for_
-    rule["labels"] = {"severity": severity}
-    rule["annotations"] = {
-        "summary": summary,
-        "description": description,
-        "runbook_url": f"{p.runbook_url}#{name.lower()}",
-    }
-    return rule
+@dataclass(frozen=True)
+class Alert:
+    """One alerting rule, mixin style: CamelCase name, severity, summary, description, runbook link."""
+
+    name: str
+    expr: str
+    severity: str
+    summary: str
+    description: str
+    for_: str | None = None
+
+    def rule(self, p: Params) -> dict[str, Any]:
+        rule: dict[str, Any] = {"alert": self.name, "expr": self.expr.strip()}
+        if self.for_:
+            rule["for"] = self.for_
+        rule["labels"] = {"severity": self.severity}
+        rule["annotations"] = {
+            "summary": self.summary,
+            "description": self.description,
+            "runbook_url": f"{p.runbook_url}#{self.name.lower()}",
+        }
+        return rule
 
 
 def _seconds(duration: str) -> int:
@@ -51,11 +62,26 @@ def _seconds(duration: str) -> int:
     return int(float(duration[:-1]) * units[duration[-1]])
 
 
+PATH_TEXT = "{{ $labels.host }} ({{ $labels.region }}) -> {{ $labels.peer }} ({{ $labels.peer_region }})"
+TEST_TEXT = PATH_TEXT + " {{ $labels.protocol }} x{{ $labels.streams }} {{ $labels.direction }}"
+
+
 def render(p: Params) -> dict[str, Any]:
+    alerts = [*_throughput_alerts(p), *_path_alerts(p), *_schedule_alerts(p), *_exporter_alerts(p)]
+    return {
+        "groups": [
+            {"name": "pathprobe.recording", "interval": p.evaluation_interval, "rules": _recording(p)},
+            {"name": "pathprobe.baseline", "interval": "5m", "rules": _baseline(p)},
+            {"name": "pathprobe.region_pairs", "interval": p.evaluation_interval, "rules": _region_pairs(p)},
+            {"name": "pathprobe.alerts", "interval": p.evaluation_interval, "rules": [a.rule(p) for a in alerts]},
+        ]
+    }
+
+
+def _recording(p: Params) -> list[dict[str, str]]:
+    """Per path, for the dashboards and the alerts."""
     sel = p.selector
-    path_text = "{{ $labels.host }} ({{ $labels.region }}) -> {{ $labels.peer }} ({{ $labels.peer_region }})"
-    test_text = path_text + " {{ $labels.protocol }} x{{ $labels.streams }} {{ $labels.direction }}"
-    recording = [
+    return [
         {"record": "path:pathprobe_throughput_bits_per_second:last",
          "expr": f"pathprobe_throughput_bytes_per_second{{{sel}}} * 8"},
         {"record": "path:pathprobe_throughput_expected_bits_per_second:last",
@@ -82,18 +108,24 @@ def render(p: Params) -> dict[str, Any]:
         {"record": f"path:pathprobe_rtt_seconds:p50_{p.rtt_recent_window}",
          "expr": f"quantile_over_time(0.5, path:pathprobe_rtt_seconds:p50_5m[{p.rtt_recent_window}])"},
     ]  # fmt: skip
-    baseline = [
+
+
+def _baseline(p: Params) -> list[dict[str, str]]:
+    return [
         {"record": f"path:pathprobe_rtt_seconds:p50_{p.rtt_baseline_window}",
          # A 30-minute step by default: the median over days needs no finer grain, and a query stays small.
          "expr": f"quantile_over_time(0.5, path:pathprobe_rtt_seconds:p50_5m"
                  f"[{p.rtt_baseline_window}:{p.rtt_baseline_step}])"},
     ]  # fmt: skip
+
+
+def _region_pairs(p: Params) -> list[dict[str, str]]:
     # The global view (docs/fleet.md): per ordered region pair, from every path between them
     # that this Prometheus scrapes. A regional Prometheus scrapes its region's exporters, so it
     # holds every pair whose source is its region; it remote-writes these to the global one.
     # The worst path of each pair (a mean over paths would hide the one broken path).
-    idle, test = 'state="idle"', f"{REGION_PAIR}, protocol, streams, direction"
-    region_pairs = [
+    sel, idle, test = p.selector, 'state="idle"', f"{REGION_PAIR}, protocol, streams, direction"
+    return [
         {"record": "region_pair:pathprobe_paths:count",
          "expr": f"count by ({REGION_PAIR}) (pathprobe_peer_info{{{sel}}})"},
         {"record": "region_pair:pathprobe_throughput_expected_ratio:min",
@@ -115,10 +147,36 @@ def render(p: Params) -> dict[str, Any]:
         {"record": "region_pair:pathprobe_udp_loss_ratio:max_rate5m",
          "expr": f"max by ({REGION_PAIR}) (path:pathprobe_udp_loss_ratio:rate5m{{{idle}}})"},
     ]  # fmt: skip
+
+
+def _throughput_alerts(p: Params) -> list[Alert]:
+    sel, test_text = p.selector, TEST_TEXT
     ratio = "path:pathprobe_throughput_expected_ratio:last"
     two_tests = (f"and on ({TEST})\nchanges(path:pathprobe_throughput_last_test_timestamp_seconds:last{{{sel}}}"
                  f"[{p.throughput_window}]) >= 1")  # fmt: skip
-    rotations = f"on (instance) group_left () ({p.stale_rotations:g} * pathprobe_schedule_rotation_seconds{{{sel}}})"
+    return [
+        Alert("PathprobeThroughputBelowExpected",
+               f"max_over_time({ratio}[{p.throughput_window}]) < {p.throughput_ratio_warning:g}\n{two_tests}",
+               "warning", "Path throughput below its expected limit.",
+               f"{test_text}: every test in the last {p.throughput_window} reached at most "
+               "{{ $value | humanizePercentage }} of expected (binding limit: " + BINDING + ")."),
+        Alert("PathprobeThroughputFarBelowExpected",
+               f"max_over_time({ratio}[{p.throughput_window}]) < {p.throughput_ratio_critical:g}\n{two_tests}",
+               "critical", "Path throughput far below its expected limit.",
+               f"{test_text}: every test in the last {p.throughput_window} reached at most "
+               "{{ $value | humanizePercentage }} of expected (binding limit: " + BINDING + ")."),
+        Alert("PathprobeTransitGatewayNearLimit",
+               f'{ratio}{{path_class="transit_gateway"}} > {p.tgw_utilisation_warning:g}\n'
+               f'and ignoring (limit) pathprobe_throughput_expected_bytes_per_second{{{sel}, limit="transit_gateway"}}',
+               "warning", "A Transit Gateway path runs near its attachment limit.",
+               f"{test_text} reached {{{{ $value | humanizePercentage }}}} of the Transit Gateway attachment limit: "
+               "plan capacity (more attachments, or VPC peering)."),
+    ]  # fmt: skip
+
+
+def _path_alerts(p: Params) -> list[Alert]:
+    """RTT, loss, partial failure, MTU and reachability of each path."""
+    sel, path_text = p.selector, PATH_TEXT
     recent, base = (
         f"path:pathprobe_rtt_seconds:p50_{p.rtt_recent_window}",
         f"path:pathprobe_rtt_seconds:p50_{p.rtt_baseline_window}",
@@ -129,69 +187,61 @@ def render(p: Params) -> dict[str, Any]:
         f'{by_path} (increase(pathprobe_udp_packets_lost_total{{{sel}, state="idle"}}[{p.loss_window}]))\n'
         f'  / {by_path} (increase(pathprobe_udp_packets_sent_total{{{sel}, state="idle"}}[{p.loss_window}]))'
     )
-    alerts = [
-        _alert("PathprobeThroughputBelowExpected",
-               f"max_over_time({ratio}[{p.throughput_window}]) < {p.throughput_ratio_warning:g}\n{two_tests}",
-               "warning", "Path throughput below its expected limit.",
-               f"{test_text}: every test in the last {p.throughput_window} reached at most "
-               "{{ $value | humanizePercentage }} of expected (binding limit: " + BINDING + ").", p),
-        _alert("PathprobeThroughputFarBelowExpected",
-               f"max_over_time({ratio}[{p.throughput_window}]) < {p.throughput_ratio_critical:g}\n{two_tests}",
-               "critical", "Path throughput far below its expected limit.",
-               f"{test_text}: every test in the last {p.throughput_window} reached at most "
-               "{{ $value | humanizePercentage }} of expected (binding limit: " + BINDING + ").", p),
-        _alert("PathprobeTransitGatewayNearLimit",
-               f'{ratio}{{path_class="transit_gateway"}} > {p.tgw_utilisation_warning:g}\n'
-               f'and ignoring (limit) pathprobe_throughput_expected_bytes_per_second{{{sel}, limit="transit_gateway"}}',
-               "warning", "A Transit Gateway path runs near its attachment limit.",
-               f"{test_text} reached {{{{ $value | humanizePercentage }}}} of the Transit Gateway attachment limit: "
-               "plan capacity (more attachments, or VPC peering).", p),
-        _alert("PathprobeRttAboveBaseline",
+    return [
+        Alert("PathprobeRttAboveBaseline",
                f"{recent} > {p.rtt_baseline_ratio:g} * {base}\n"
                f"and ({recent} - {base}) > {p.rtt_baseline_min_increase_seconds:g}",
                "warning", "Path RTT above its own baseline.",
                f"{path_text} {{{{ $labels.protocol }}}} RTT p50 over {p.rtt_recent_window} is "
                f"{{{{ $value | humanizeDuration }}}}, more than {p.rtt_baseline_ratio:g}x its {p.rtt_baseline_window} "
-               "p50.", p, p.rtt_for),
-        _alert("PathprobeRttAboveCeiling",
+               "p50.", p.rtt_for),
+        Alert("PathprobeRttAboveCeiling",
                f'path:pathprobe_rtt_seconds:p50_5m{{protocol="tcp"}}\n'
                f"  > on ({PATH}) group_left () pathprobe_rtt_ceiling_seconds{{{sel}}}",
                "warning", "Path RTT above its configured ceiling.",
                f"{path_text} RTT p50 is {{{{ $value | humanizeDuration }}}}, above the path's configured ceiling.",
-               p, p.rtt_for),
-        _alert("PathprobePacketLossHigh", f"{idle_loss} > {p.loss_ratio_warning:g}",
+               p.rtt_for),
+        Alert("PathprobePacketLossHigh", f"{idle_loss} > {p.loss_ratio_warning:g}",
                "warning", "Packet loss on a path.",
                f"{path_text} loses {{{{ $value | humanizePercentage }}}} of UDP echo packets over {p.loss_window}.",
-               p, p.loss_for),
-        _alert("PathprobePacketLossCritical", f"{idle_loss} > {p.loss_ratio_critical:g}",
+               p.loss_for),
+        Alert("PathprobePacketLossCritical", f"{idle_loss} > {p.loss_ratio_critical:g}",
                "critical", "Heavy packet loss on a path.",
                f"{path_text} loses {{{{ $value | humanizePercentage }}}} of UDP echo packets over {p.loss_window}.",
-               p, p.loss_for),
-        _alert("PathprobePathPartiallyFailing",
+               p.loss_for),
+        Alert("PathprobePathPartiallyFailing",
                f"pathprobe_probe_flows_failing{{{sel}}} > 0\n"
                f"and on ({PATH}) sum by ({PATH}) (increase(pathprobe_probe_runs_total{{{sel}, result=\"ok\"}}"
                f"[{p.loss_window}])) > 0",
                "warning", "Some flows of a path fail while others pass (an ECMP member path).",
                f"{path_text}: {{{{ $value }}}} {{{{ $labels.protocol }}}} probe flows (source ports) fail while the "
                "others pass: one member of an ECMP group, or a stateful device on one 5-tuple, is broken. The "
-               "path's total loss understates it.", p, p.partial_failure_for),
-        _alert("PathprobePathMtuBlackHole",
+               "path's total loss understates it.", p.partial_failure_for),
+        Alert("PathprobePathMtuBlackHole",
                f"pathprobe_path_mtu_carried{{{sel}}} == 0\n"
                f"and on ({PATH}, size_bytes) (time() - pathprobe_path_mtu_last_carried_timestamp_seconds{{{sel}}}) "
                f"< {_seconds(p.mtu_memory)}",
                "warning", "A path stopped carrying packets of a size it carried before.",
                f"{path_text} no longer carries {{{{ $labels.size_bytes }}}}-byte packets (Don't Fragment set), "
                f"which it carried within {p.mtu_memory}: a path MTU black hole; large transfers stall while "
-               "small probes pass.", p, p.mtu_for),
-        _alert("PathprobePeerUnreachable",
+               "small probes pass.", p.mtu_for),
+        Alert("PathprobePeerUnreachable",
                f'sum by ({PATH}, host, region) (increase(pathprobe_probe_runs_total{{{sel}, probe="rtt", '
                f'result="ok"}}[{p.unreachable_window}])) == 0\nand on ({PATH})\n'
                f'sum by ({PATH}) (increase(pathprobe_probe_runs_total{{{sel}, probe="rtt", result!="ok"}}'
                f"[{p.unreachable_window}])) > 0",
                "critical", "A peer does not answer.",
                f"{{{{ $labels.host }}}} ({{{{ $labels.region }}}}) has had no answer from {{{{ $labels.peer }}}} "
-               f"for {p.unreachable_window}.", p, p.unreachable_for),
-        _alert("PathprobeThroughputResultsStale",
+               f"for {p.unreachable_window}.", p.unreachable_for),
+    ]  # fmt: skip
+
+
+def _schedule_alerts(p: Params) -> list[Alert]:
+    """Throughput results and turns that stop coming."""
+    sel = p.selector
+    rotations = f"on (instance) group_left () ({p.stale_rotations:g} * pathprobe_schedule_rotation_seconds{{{sel}}})"
+    return [
+        Alert("PathprobeThroughputResultsStale",
                f'(time() - pathprobe_probe_last_success_timestamp_seconds{{{sel}, probe="throughput"}})\n'
                f"  > {rotations}\n"
                f"or on ({PATH}) (max by ({PATH}, host, region) (pathprobe_throughput_settings_info{{{sel}}})\n"
@@ -200,59 +250,64 @@ def render(p: Params) -> dict[str, Any]:
                "warning", "No successful throughput test for several schedule rotations.",
                "{{ $labels.host }} ({{ $labels.region }}) -> {{ $labels.peer }}: no successful throughput test in "
                f"{p.stale_rotations:g} rotations of the schedule; "
-               "the dashboards show old numbers.", p),
-        _alert("PathprobeThroughputTurnsStopped",
+               "the dashboards show old numbers."),
+        Alert("PathprobeThroughputTurnsStopped",
                f"(time() - pathprobe_schedule_last_turn_timestamp_seconds{{{sel}}}) > {rotations}\n"
                f"and on (instance) (time() - process_start_time_seconds{{{sel}}}) > {rotations}",
                "warning", "An exporter takes no throughput turns.",
                "{{ $labels.host }} ({{ $labels.region }}) has taken no throughput turn in "
-               f"{p.stale_rotations:g} rotations of the schedule: its throughput loop is stuck; see its log.", p),
-        _alert("PathprobeThroughputTurnErrors",
+               f"{p.stale_rotations:g} rotations of the schedule: its throughput loop is stuck; see its log."),
+        Alert("PathprobeThroughputTurnErrors",
                f"increase(pathprobe_schedule_turn_errors_total{{{sel}}}[{p.turn_errors_window}]) > 0",
                "warning", "Throughput turns fail on an unexpected error.",
                "{{ $labels.host }} ({{ $labels.region }}): {{ $value | humanize }} throughput turns ended on "
-               f"{{{{ $labels.reason }}}} in {p.turn_errors_window} (the loop goes on; the log has the traceback).", p),
-        _alert("PathprobeExporterDown", f"up{{{sel}}} == 0", "critical", "A pathprobe exporter is down.",
+               f"{{{{ $labels.reason }}}} in {p.turn_errors_window} (the loop goes on; the log has the traceback)."),
+    ]  # fmt: skip
+
+
+def _exporter_alerts(p: Params) -> list[Alert]:
+    """The exporters themselves: scraped, budget, config, responders, schedule, /metrics."""
+    sel = p.selector
+    return [
+        Alert("PathprobeExporterDown", f"up{{{sel}}} == 0", "critical", "A pathprobe exporter is down.",
                "{{ $labels.host }} ({{ $labels.region }}) cannot be scraped: its paths are not measured and its "
-               "peers' probes to it fail.", p, p.exporter_down_for),
-        _alert("PathprobeExporterAbsent", f"absent(up{{{sel}}})", "critical", "No pathprobe exporter is scraped.",
-               f"Prometheus has no target matching {p.selector}: check service discovery.", p, p.exporter_down_for),
-        _alert("PathprobeBudgetExhausted", f"pathprobe_budget_remaining_bytes{{{sel}}} == 0", "warning",
+               "peers' probes to it fail.", p.exporter_down_for),
+        Alert("PathprobeExporterAbsent", f"absent(up{{{sel}}})", "critical", "No pathprobe exporter is scraped.",
+               f"Prometheus has no target matching {p.selector}: check service discovery.", p.exporter_down_for),
+        Alert("PathprobeBudgetExhausted", f"pathprobe_budget_remaining_bytes{{{sel}}} == 0", "warning",
                "Throughput byte budget exhausted.",
                "{{ $labels.host }} has spent its daily byte budget: throughput tests stop until "
                "{{ with printf \"pathprobe_budget_period_end_timestamp_seconds{instance='%s'}\" $labels.instance "
-               "| query }}{{ . | first | value | humanizeTimestamp }}{{ end }}.", p, p.budget_for),
-        _alert("PathprobeInstanceTypeUnknown", f"pathprobe_instance_type_unknown{{{sel}}} == 1", "warning",
+               "| query }}{{ . | first | value | humanizeTimestamp }}{{ end }}.", p.budget_for),
+        Alert("PathprobeInstanceTypeUnknown", f"pathprobe_instance_type_unknown{{{sel}}} == 1", "warning",
                "An instance type the limits table does not know.",
                "{{ $labels.host }}'s config names instance type {{ $labels.instance_type }} (for "
                "{{ if $labels.peer }}peer {{ $labels.peer }}{{ else }}this host{{ end }}), which the instance-type "
-               "table does not know: the expected throughput of its paths leaves its bandwidth out.", p),
-        _alert("PathprobeRespondersRefusingPeers",
+               "table does not know: the expected throughput of its paths leaves its bandwidth out."),
+        Alert("PathprobeRespondersRefusingPeers",
                f'increase(pathprobe_probe_runs_total{{{sel}, result="not_allowed"}}[{p.refused_window}]) > 0',
                "warning", "A host's responders refuse its peers.",
                "{{ $labels.peer }} refuses {{ $labels.probe }} probes from {{ $labels.host }}: its peer list, allow "
-               "list or iperf3 keys do not include this host.", p),
-        _alert("PathprobeResponderOverloaded",
+               "list or iperf3 keys do not include this host."),
+        Alert("PathprobeResponderOverloaded",
                f'increase(pathprobe_responder_requests_total{{{sel}, responder="echo", '
                f'result="dropped_queue_full"}}[{p.refused_window}]) > 0',
                "warning", "A host's echo responder drops datagrams: its queue is full.",
                "{{ $labels.host }}'s UDP echo responder dropped {{ $value | humanize }} datagrams in "
                f"{p.refused_window} because its socket queue was full (a flood, or more peers than it keeps up "
-               "with): its peers read that as loss on their paths to it.", p),
-        _alert("PathprobeScheduleMismatch",
+               "with): its peers read that as loss on their paths to it."),
+        Alert("PathprobeScheduleMismatch",
                f"count(count by (fingerprint) (pathprobe_schedule_info{{{sel}}})) > 1", "warning",
                "Exporters derive different throughput schedules.",
                "{{ $value }} different schedules in the mesh: peer lists or slot lengths differ between hosts, so "
-               "throughput tests may collide (busy) and measure each other.", p, p.schedule_mismatch_for),
+               "throughput tests may collide (busy) and measure each other.", p.schedule_mismatch_for),
+        Alert("PathprobeMetricsSnapshotStale",
+              f"pathprobe_scrape_snapshot_age_seconds{{{sel}}} > {p.snapshot_stale_seconds:g}", "critical",
+              "An exporter serves an old metrics snapshot.",
+              "{{ $labels.host }} ({{ $labels.region }}) serves a /metrics snapshot {{ $value | humanizeDuration }} "
+              "old: its renders fail (pathprobe_scrape_render_errors_total; the log has the traceback) or stall, so "
+              "its results and alerts no longer change.", p.snapshot_stale_for),
     ]  # fmt: skip
-    return {
-        "groups": [
-            {"name": "pathprobe.recording", "interval": p.evaluation_interval, "rules": recording},
-            {"name": "pathprobe.baseline", "interval": "5m", "rules": baseline},
-            {"name": "pathprobe.region_pairs", "interval": p.evaluation_interval, "rules": region_pairs},
-            {"name": "pathprobe.alerts", "interval": p.evaluation_interval, "rules": alerts},
-        ]
-    }
 
 
 HEADER = """\

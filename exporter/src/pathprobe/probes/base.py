@@ -1,10 +1,12 @@
-"""What every prober shares: its target, the failure reasons, and the sinks it reports to.
+"""What every prober shares: its shape, its target, the failure reasons, and the sinks it
+reports to.
 
-One shape for every prober (as blackbox_exporter's prober/ has one probe signature):
-a prober is built from its `Target` and its settings model. Continuous probers (rtt,
-echo) report every outcome to a sink and never raise: a failure is reported with its
-reason and the prober backs off and goes on. The scheduled prober (throughput) runs
-one test and returns its result or raises `ProbeFailure` with the reason.
+One shape for every prober (as blackbox_exporter's prober/ has one probe signature): a
+prober is built from its `Target`, its settings model and its sink (`Prober`;
+`probes.PROBERS` maps each probe kind to its class), and `run()` reports every outcome
+to the sink, never raising for a failure of the probe: a failure is reported with its
+reason. Continuous probers (rtt, echo, mtu) back off and go on until cancelled; the
+scheduled prober (throughput) runs one test and returns its outcome too.
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ from __future__ import annotations
 import errno
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from .throughput import ThroughputResult
 
 # The `result` label of pathprobe_probe_runs_total; order is the documented one.
 REASONS = ("ok", "busy", "timeout", "refused", "unreachable", "not_allowed", "fragmentation_needed", "error")
@@ -51,6 +56,12 @@ def reason_of_oserror(exc: OSError) -> Reason:
     return "error"
 
 
+class Prober(Protocol):
+    """A prober of one peer, built as `PROBERS[kind](target, settings, sink)`."""
+
+    async def run(self) -> object: ...
+
+
 class RttSink(Protocol):
     """Outcomes of the TCP request/response prober."""
 
@@ -75,7 +86,7 @@ class EchoSink(Protocol):
 
 
 class RttTee:
-    """Hands every RTT outcome to several sinks (e.g. the store and an RTT window)."""
+    """Hands every RTT outcome to several sinks (e.g. the RTT room and an RTT window)."""
 
     def __init__(self, *sinks: RttSink):
         self.sinks = sinks
@@ -120,3 +131,10 @@ class MtuSink(Protocol):
     """Outcomes of the path MTU prober, one probe of one size at a time."""
 
     def mtu(self, size: int, carried: bool, reason: Reason | None) -> None: ...
+
+
+class ThroughputSink(Protocol):
+    """The outcome of one throughput test."""
+
+    def result(self, result: ThroughputResult) -> None: ...
+    def failure(self, reason: Reason, detail: str) -> None: ...

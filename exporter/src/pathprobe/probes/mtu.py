@@ -29,8 +29,11 @@ def _payload(size: int, family: socket.AddressFamily) -> int:
 
 
 class MtuProber:
-    def __init__(self, target: Target, settings: MtuSettings, sizes: list[int], sink: MtuSink):
-        self.target, self.settings, self.sizes, self.sink = target, settings, sizes, sink
+    """Probes each of `settings.sizes` (this path's, as the exporter resolves them)."""
+
+    def __init__(self, target: Target, settings: MtuSettings, sink: MtuSink):
+        self.target, self.settings, self.sink = target, settings, sink
+        self.sizes = sorted(set(settings.sizes or ()))
         self._seq = 0
 
     async def run(self, rounds: int | None = None) -> None:

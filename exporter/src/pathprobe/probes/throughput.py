@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import procs
 from ..config import Iperf3Settings, ThroughputSettings, default
-from .base import ProbeFailure, Reason
+from .base import ProbeFailure, Reason, Target, ThroughputSink
 from .steady import Detector, Interval, delivered_bytes, delivered_intervals, parse_interval, wire_bytes
 
 # iperf3's reporting interval for a steady-state test, and how often its delivered bytes are read.
@@ -44,10 +44,8 @@ MAX_STDERR_BYTES = 64 * 2**10
 
 @dataclass(frozen=True)
 class ThroughputTest:
-    """One iperf3 client test: the target and the settings of this run."""
+    """The settings of one iperf3 client test (the throughput prober's settings model)."""
 
-    address: str
-    port: int = default(Iperf3Settings, "port")
     protocol: str = "tcp"
     streams: int = 1
     direction: str = "send"  # send: this host -> peer; receive: peer -> this host (-R)
@@ -64,18 +62,21 @@ class ThroughputTest:
     # Stop a TCP test at its steady state (probes/steady.py); duration_seconds is then its most.
     steady_state: Detector | None = None
     rtt_hint_seconds: float | None = None  # the path's RTT, for the detector's window
+    binary: str = default(Iperf3Settings, "binary")
+    # Time a test may overrun duration + omit before it is killed (connecting included).
+    margin_seconds: float = 5.0
 
     @property
     def steady(self) -> Detector | None:
         """The detector, for a test that stops at its steady state (TCP only)."""
         return self.steady_state if self.protocol == "tcp" else None
 
-    def command(self, binary: str = "iperf3") -> list[str]:
+    def command(self, target: Target) -> list[str]:
         # A steady-state test reads intervals live: text (-J prints only at the end), fixed units.
         output = ["-i", f"{INTERVAL_SECONDS:g}", "--forceflush", "-f", "k"] if self.steady else ["-J"]
         omit = 0 if self.steady else self.omit_seconds
         cmd = [
-            binary, "-c", self.address, "-p", str(self.port), *output,
+            self.binary, "-c", target.address, "-p", str(target.port), *output,
             "-t", f"{self.duration_seconds:g}", "-O", f"{omit:g}",
             "-P", str(self.streams),
             "--connect-timeout", str(int(self.connect_timeout_seconds * 1000)),
@@ -99,9 +100,9 @@ class ThroughputTest:
             env["IPERF3_PASSWORD"] = self.password_file.read_text().strip()
         return env
 
-    def max_seconds(self, margin_seconds: float) -> float:
+    def max_seconds(self) -> float:
         """The longest a test may take before it is killed (connecting included in the margin)."""
-        return (0 if self.steady else self.omit_seconds) + self.duration_seconds + margin_seconds
+        return (0 if self.steady else self.omit_seconds) + self.duration_seconds + self.margin_seconds
 
 
 @dataclass
@@ -227,16 +228,30 @@ async def _read_bounded(stream: asyncio.StreamReader | None, limit: int, what: s
 
 
 class ThroughputProber:
-    """Runs iperf3 tests as a client; `binary` is the iperf3 to run."""
+    """One iperf3 client test against `target`: `run()` reports its outcome to the sink (the
+    scheduled turns), `measure()` returns the result or raises ProbeFailure (the CLI)."""
 
-    def __init__(self, binary: str = "iperf3", margin_seconds: float = 5):
-        self.binary, self.margin = binary, margin_seconds
+    def __init__(self, target: Target, settings: ThroughputTest, sink: ThroughputSink | None = None):
+        self.target, self.test, self.sink = target, settings, sink
 
-    async def run(self, test: ThroughputTest) -> ThroughputResult:
-        """Run one test; its whole process group is killed on timeout or cancellation."""
+    async def run(self) -> ThroughputResult | Reason:
+        """Run the test and report its outcome: the result, or the reason it gave none."""
+        try:
+            result = await self.measure()
+        except ProbeFailure as exc:
+            if self.sink is not None:
+                self.sink.failure(exc.reason, exc.detail)
+            return exc.reason
+        if self.sink is not None:
+            self.sink.result(result)
+        return result
+
+    async def measure(self) -> ThroughputResult:
+        """Run the test; its whole process group is killed on timeout or cancellation."""
+        test = self.test
         try:
             proc = await asyncio.create_subprocess_exec(
-                *test.command(self.binary),
+                *test.command(self.target),
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 stdin=asyncio.subprocess.DEVNULL,
@@ -245,9 +260,9 @@ class ThroughputProber:
                 preexec_fn=procs.die_with(os.getpid()),
             )
         except OSError as exc:  # missing, not executable, or not a program
-            raise ProbeFailure("error", f"cannot run iperf3 {self.binary!r}: {exc.strerror or exc}") from exc
-        limit = test.max_seconds(self.margin)
-        watch = _SteadyState(test, proc) if test.steady else None
+            raise ProbeFailure("error", f"cannot run iperf3 {test.binary!r}: {exc.strerror or exc}") from exc
+        limit = test.max_seconds()
+        watch = _SteadyState(self.target, test, proc) if test.steady else None
         sampler = asyncio.ensure_future(watch.sample()) if watch else None
         reads = [
             asyncio.ensure_future(
@@ -286,9 +301,9 @@ class _SteadyState:
     the detector says the rate has settled. The detector reads the delivered bytes, or
     iperf3's intervals where no socket shows them (probes/steady.py)."""
 
-    def __init__(self, test: ThroughputTest, proc: asyncio.subprocess.Process):
+    def __init__(self, target: Target, test: ThroughputTest, proc: asyncio.subprocess.Process):
         assert test.steady is not None
-        self.test, self.proc, self.detector = test, proc, test.steady
+        self.target, self.test, self.proc, self.detector = target, test, proc, test.steady
         self.intervals: list[Interval] = []  # iperf3's
         self.samples: list[tuple[float, int]] = []  # (seconds, bytes delivered so far)
         self.wire = 0  # bytes on the wire so far (the last sample's)
@@ -310,8 +325,9 @@ class _SteadyState:
         ss = shutil.which("ss")
         if ss is None:
             return
-        peer = f"[{self.test.address}]" if ":" in self.test.address else self.test.address
-        cmd = [ss, "-tinH", "state", "established", "dst", peer, "dport", f"= :{self.test.port}"]
+        address = self.target.address
+        peer = f"[{address}]" if ":" in address else address
+        cmd = [ss, "-tinH", "state", "established", "dst", peer, "dport", f"= :{self.target.port}"]
         started = time.monotonic()
         while True:
             at = time.monotonic()

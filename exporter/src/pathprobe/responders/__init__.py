@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Callable
+from typing import Protocol
 
 from .. import wire
 from ..allow import AllowList
@@ -19,7 +19,7 @@ from .rr import RrResponder, RrServer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Count", "ResponderError", "Running", "held_ports", "start"]
+__all__ = ["Count", "Events", "ResponderError", "Running", "held_ports", "start"]
 
 
 class Running:
@@ -73,17 +73,20 @@ def held_ports(cfg: Config) -> list[str]:
     return problems
 
 
+class Events(Protocol):
+    """What the responders report: requests by outcome, and the iperf3 server's state."""
+
+    def count_request(self, responder: str, result: str, n: int = 1) -> None: ...
+    def set_iperf3_up(self, up: bool) -> None: ...
+    def iperf3_restarted(self) -> None: ...
+
+
 async def start(
-    settings: Responders,
-    iperf3: Iperf3Settings,
-    allow: AllowList,
-    count: Count,
-    iperf3_up: Callable[[bool], None] = lambda _: None,
-    iperf3_restarted: Callable[[], None] = lambda: None,
-    iperf3_admit: Admit | None = None,
+    settings: Responders, iperf3: Iperf3Settings, allow: AllowList, events: Events, iperf3_admit: Admit | None = None
 ) -> Running:
     """Start every responder; raises ResponderError when one cannot listen. iperf3 tests
     are admitted by `iperf3_admit` (default: the allow-list; None with iperf3.admit "anyone")."""
+    count: Count = events.count_request
     listen = str(settings.listen)
     if iperf3.admit == "anyone":
         admit = None
@@ -106,7 +109,8 @@ async def start(
         rr_server.close()
         raise
     server = asyncio.create_task(
-        supervise(server_command(iperf3, listen), iperf3_up, iperf3_restarted, admit), name="iperf3-server"
+        supervise(server_command(iperf3, listen), events.set_iperf3_up, events.iperf3_restarted, admit),
+        name="iperf3-server",
     )
     log.info(
         "responders on %s: iperf3 :%d (admits: %s), tcp rr :%d, udp echo :%d; answering %s",

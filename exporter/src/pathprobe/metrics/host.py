@@ -1,0 +1,231 @@
+"""The host room: the exporter itself. Its byte budget, the schedule in force and its
+turns, reloads, the responders and the iperf3 server, and the instance's ENA allowance
+counters (read in the background: `ethtool -S` may take seconds, never in a scrape)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+
+from ..budget import Budget
+from ..config import Config
+from ..schedule import Timetable
+from .common import counter, gauge, one
+
+IPERF3_ADMISSIONS = ("ok", "not_allowed", "out_of_turn")  # responders/iperf3.py: every outcome from zero
+
+
+class HostRoom:
+    def __init__(self, cfg: Config, timetable: Timetable, budget: Budget, clock: Callable[[], float] = time.time):
+        self.budget, self.clock = budget, clock
+        self.view = (cfg, timetable)  # one object: a render reads one config and its timetable
+        # The ENA allowance counters and the interface they were read on; None: none on this host.
+        self.allowances: tuple[str | None, dict[str, int]] | None = None
+        self.reloads: Counter[str] = Counter()  # success, failure
+        self.last_reload_ok = True
+        self.schedule_turns = 0
+        # When the last turn began (the exporter's start until the first): None when this host runs no tests.
+        self.last_turn: float | None = None
+        self.turn_errors: Counter[str] = Counter()  # exception type
+        self.responder_requests: Counter[tuple[str, str]] = Counter()  # responder, result
+        self.iperf3_server_up = False
+        self.iperf3_server_restarts = 0
+
+    def use(self, cfg: Config, timetable: Timetable) -> None:
+        self.view = (cfg, timetable)
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    # --- writers
+    def read_allowances(self, interface: str | None, counters: dict[str, int] | None) -> None:
+        self.allowances = None if counters is None else (interface, counters)
+
+    def reloaded(self, ok: bool) -> None:
+        self.reloads["success" if ok else "failure"] += 1
+        self.last_reload_ok = ok
+
+    def turns_expected(self) -> None:
+        """This host has throughput tests to take: its last turn counts from now until the first."""
+        if self.last_turn is None:
+            self.last_turn = self.clock()
+
+    def turn_taken(self) -> None:
+        self.schedule_turns += 1
+        self.last_turn = self.clock()
+
+    def turn_failed(self, error: str) -> None:
+        self.turn_errors[error] += 1
+
+    def count_request(self, responder: str, result: str, n: int = 1) -> None:
+        self.responder_requests[responder, result] += n
+
+    def set_iperf3_up(self, up: bool) -> None:
+        self.iperf3_server_up = up
+
+    def iperf3_restarted(self) -> None:
+        self.iperf3_server_restarts += 1
+
+    # --- metrics
+    def collect(self) -> Iterator[Metric]:
+        cfg, timetable = self.view
+        yield from self._allowances()
+        yield from self._budget(cfg)
+        # The schedule in force; before the epoch of a fresh start, the one to come.
+        sched = timetable.at(self.clock()) or timetable.current
+        info = gauge(
+            "pathprobe_schedule_info",
+            "The mesh schedule this host derives (value 1); every host of a "
+            "consistent mesh shows the same fingerprint.",
+            ["fingerprint"],
+        )
+        info.add_metric([sched.fingerprint], 1)
+        yield info
+        yield one(
+            GaugeMetricFamily,
+            "pathprobe_schedule_epoch_timestamp_seconds",
+            "When the newest member list's schedule takes (or took) effect: mesh.epoch, or the time of the "
+            "reload that loaded it (0: at start).",
+            timetable.epoch,
+        )
+        yield from self._reloads()
+        yield one(
+            GaugeMetricFamily, "pathprobe_schedule_members", "Hosts in the throughput schedule.", len(sched.members)
+        )
+        yield one(
+            GaugeMetricFamily, "pathprobe_schedule_slot_seconds", "Length of one schedule slot.", sched.slot_seconds
+        )
+        yield one(
+            GaugeMetricFamily,
+            "pathprobe_schedule_rotation_seconds",
+            "Time for every pair of hosts to meet once.",
+            sched.rotation_seconds,
+        )
+        yield from self._turns()
+        yield from self._responders(cfg)
+
+    def _allowances(self) -> Iterator[Metric]:
+        read = self.allowances
+        if read is None:  # absent, not zero, where the ENA driver is not
+            return
+        interface, allowances = read
+        family = counter(
+            "pathprobe_ena_allowance_exceeded",
+            "Packets the instance queued or dropped for exceeding an allowance (ENA driver, ethtool -S): "
+            "bw_in/bw_out (bandwidth), pps, conntrack, linklocal.",
+            ["interface", "counter"],
+        )
+        for name, n in allowances.items():
+            family.add_metric([interface or "", name], n)
+        yield family
+
+    def _budget(self, cfg: Config) -> Iterator[Metric]:
+        b = self.budget
+        yield one(
+            GaugeMetricFamily,
+            "pathprobe_budget_remaining_bytes",
+            "Bytes throughput tests may still move in the current budget period.",
+            b.remaining(),
+        )
+        yield one(
+            GaugeMetricFamily,
+            "pathprobe_budget_limit_bytes",
+            "Bytes throughput tests may move per period.",
+            cfg.budget.daily_bytes,
+        )
+        yield one(
+            CounterMetricFamily,
+            "pathprobe_budget_save_failures",
+            "Times the budget state file could not be written (the count goes on in memory; see the log).",
+            b.save_failures,
+        )
+        yield one(
+            GaugeMetricFamily,
+            "pathprobe_budget_state_unusable",
+            "1 when the budget state file was unusable at start: today counts as spent (see the log).",
+            1 if b.load_error else 0,
+        )
+        yield one(
+            GaugeMetricFamily,
+            "pathprobe_budget_period_end_timestamp_seconds",
+            "Unix time at which the current budget period ends.",
+            b.period_end(),
+        )
+
+    def _reloads(self) -> Iterator[Metric]:
+        reloads = counter(
+            "pathprobe_config_reloads",
+            "Config reloads (SIGHUP, POST /-/reload): failure keeps the running config.",
+            ["result"],
+        )
+        for result in ("success", "failure"):
+            reloads.add_metric([result], self.reloads[result])
+        yield reloads
+        yield one(
+            GaugeMetricFamily,
+            "pathprobe_config_last_reload_successful",
+            "1 when the last reload applied its config (or none was asked for), 0 when it was refused.",
+            float(self.last_reload_ok),
+        )
+
+    def _turns(self) -> Iterator[Metric]:
+        yield one(
+            CounterMetricFamily,
+            "pathprobe_schedule_turns",
+            "Client turns this host took in the schedule.",
+            self.schedule_turns,
+        )
+        last_turn = self.last_turn
+        if last_turn is not None:
+            yield one(
+                GaugeMetricFamily,
+                "pathprobe_schedule_last_turn_timestamp_seconds",
+                "Unix time at which this host's last throughput turn began (its start, before the first).",
+                last_turn,
+            )
+        errors = counter(
+            "pathprobe_schedule_turn_errors",
+            "Throughput turns that ended on an unexpected error (logged), by exception type; the loop goes on.",
+            ["reason"],
+        )
+        for reason, n in dict(self.turn_errors).items():
+            errors.add_metric([reason], n)
+        yield errors
+
+    def _responders(self, cfg: Config) -> Iterator[Metric]:
+        requests = counter(
+            "pathprobe_responder_requests",
+            "Connections (rr) or datagrams (echo) that reached a responder, by outcome.",
+            ["responder", "result"],
+        )
+        counted = Counter(dict.fromkeys(IPERF3_ADMISSIONS if cfg.iperf3.admit != "anyone" else (), 0))
+        for (responder, result), n in dict(self.responder_requests).items():
+            if responder == "iperf3":
+                counted[result] += n
+            else:
+                requests.add_metric([responder, result], n)
+        for result, n in counted.items():
+            requests.add_metric(["iperf3", result], n)
+        yield requests
+        admission = InfoMetricFamily(
+            "pathprobe_iperf3_admission",
+            "Whose tests this host's iperf3 server lets run (iperf3.admit): turn (a peer in its turn by "
+            "the schedule), peers, or anyone (no check).",
+        )
+        admission.add_metric([], {"admit": cfg.iperf3.admit})
+        yield admission
+        yield one(
+            GaugeMetricFamily,
+            "pathprobe_iperf3_server_up",
+            "1 while the supervised iperf3 server runs.",
+            1 if self.iperf3_server_up else 0,
+        )
+        yield one(
+            CounterMetricFamily,
+            "pathprobe_iperf3_server_restarts",
+            "Times the supervised iperf3 server exited and was restarted.",
+            self.iperf3_server_restarts,
+        )

@@ -1,0 +1,203 @@
+"""Rollouts at random moments in the lab: a 6-host mesh in 3 regions, real exporters with
+throughput tests running, and 50 member-list or probe-setting changes at random (seeded)
+moments over 10 minutes: members leave (their exporter stops once the change has taken
+effect), come back (started again), and the probe settings change. Every change is rolled
+out host by host with a shared epoch (SIGHUP), as a deployment does.
+
+After each change every running host's /metrics answers 200 with a snapshot younger than
+two refresh intervals, no render failed, the reload was applied, and no series of a member
+that left remains. At the end: no exception in any host's log, and no host was ever in two
+tests at once (from the hosts' own test logs, as tests/test_fleet_lab.py reads them)."""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from helpers import Samples, scrape, start_exporter, topology, value, wait_for
+from pathprobe_lab import net
+from pathprobe_lab.configs import METRICS_PORT, exporter_config
+from pathprobe_lab.topology import address
+
+TOPO = topology("""
+hosts:
+  - {name: a1, region: r1}
+  - {name: a2, region: r1}
+  - {name: b1, region: r2}
+  - {name: b2, region: r2}
+  - {name: c1, region: r3}
+  - {name: c2, region: r3}
+""")
+HOSTS = [h.name for h in TOPO.hosts]
+SLOT = 6.0  # one test of 1 s and its margin in each half
+REFRESH = 5.0  # web.Snapshot's refresh
+CHANGES, SPAN = 50, 600.0  # changes, over this many seconds
+SEED = 20260522
+MIN_MEMBERS = 3
+# Probe settings a change picks from: each fits the slot, and every host gets the same.
+SETTINGS: list[dict[str, Any]] = [
+    {"throughput": {"protocols": ["tcp"], "streams": [1], "duration_seconds": 1, "omit_seconds": 0},
+     "rtt": {"interval_seconds": 0.5}, "loss": {"rate_pps": 5}},
+    {"throughput": {"protocols": ["udp"], "streams": [1], "duration_seconds": 1, "omit_seconds": 0,
+                    "udp_bitrate": "50M"},
+     "rtt": {"interval_seconds": 0.25}, "loss": {"rate_pps": 10}, "mtu": {"enabled": False}},
+    {"throughput": {"protocols": ["tcp"], "streams": [2], "duration_seconds": 1, "omit_seconds": 0,
+                    "steady_state": {"enabled": True}},
+     "rtt": {"interval_seconds": 1}, "loss": {"rate_pps": 2}},
+]  # fmt: skip
+TEST_LINE = re.compile(r"throughput test -> (\S+) (\S+): from ([0-9.]+) to ([0-9.]+)")
+
+
+def metrics_address(host: str) -> str:
+    return f"{address(HOSTS.index(host) + 1)}:{METRICS_PORT}"
+
+
+def config(host: str, work: Path, members: list[str], settings: dict[str, Any], epoch: float | None) -> dict[str, Any]:
+    cfg = exporter_config(TOPO, host, work, SLOT, settings)
+    cfg["peers"] = [p for p in cfg["peers"] if p["name"] in members]
+    cfg["schedule"] = {"slot_seconds": SLOT, "jitter_seconds": 0.5, "timeout_margin_seconds": 1}
+    if epoch is not None:
+        cfg["mesh"] = {"epoch": epoch}
+    return cfg
+
+
+@dataclass
+class Fleet:
+    """The running mesh: who is a member, with which settings, and their exporters."""
+
+    work: Path
+    members: list[str] = field(default_factory=lambda: list(HOSTS))
+    settings: dict[str, Any] = field(default_factory=lambda: SETTINGS[0])
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    left: set[str] = field(default_factory=set)  # members that left and are not back
+    changes: list[str] = field(default_factory=list)
+
+    def start(self, host: str, epoch: float | None) -> None:
+        self.procs[host] = start_exporter(host, config(host, self.work, self.members, self.settings, epoch), self.work)
+
+    def stop(self, host: str) -> None:
+        proc = self.procs.pop(host)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0, f"{host} did not stop cleanly"
+
+    def roll_out(self, epoch: float, joining: str | None = None) -> None:
+        """The new member list and settings to every running member, one at a time, then the joiner."""
+        for host in list(self.procs):
+            if host in self.members:
+                path = self.work / f"{host}.yaml"
+                path.write_text(yaml.safe_dump(config(host, self.work, self.members, self.settings, epoch)))
+                self.procs[host].send_signal(signal.SIGHUP)
+                time.sleep(0.3)
+        if joining is not None:
+            self.start(joining, epoch)
+
+
+def next_epoch() -> float:
+    """A slot boundary a few seconds ahead: every host has the change before it takes effect."""
+    return math.ceil((time.time() + 2 * SLOT) / SLOT) * SLOT
+
+
+def change(fleet: Fleet, rng: random.Random) -> None:
+    """One random change: a member leaves, one comes back, or the probe settings change."""
+    kind = rng.choice(["leave", "join", "settings"])
+    epoch = next_epoch()
+    if kind == "leave" and len(fleet.members) > MIN_MEMBERS:
+        host = rng.choice(fleet.members)
+        fleet.members.remove(host)
+        fleet.roll_out(epoch)
+        time.sleep(max(0.0, epoch - time.time()) + 1)  # it leaves once the new schedule is in force
+        fleet.stop(host)
+        fleet.left.add(host)
+    elif kind == "join" and fleet.left:
+        host = rng.choice(sorted(fleet.left))
+        fleet.members.append(host)
+        fleet.left.discard(host)
+        fleet.roll_out(epoch, joining=host)
+    else:
+        kind = "settings"
+        fleet.settings = rng.choice([s for s in SETTINGS if s is not fleet.settings])
+        fleet.roll_out(epoch)
+    fleet.changes.append(kind)
+
+
+def healthy(fleet: Fleet) -> None:
+    """Every running host answers 200 with a fresh snapshot, no failed render, the reload
+    applied, and no series of a member that left."""
+    for host in fleet.procs:
+        assert fleet.procs[host].poll() is None, f"{host} exited"
+
+        def fresh(host: str = host) -> Samples | None:
+            got = scrape(metrics_address(host))  # urllib raises on anything but 200
+            gone = [ls for _, ls in got if any(("peer", h) in ls for h in fleet.left)]
+            return None if gone else got
+
+        got = wait_for(f"{host}: no series of {sorted(fleet.left)}", fresh, timeout=2 * REFRESH, every=0.5)
+        assert (value(got, "pathprobe_scrape_snapshot_age_seconds") or 0) < 2 * REFRESH, host
+        assert value(got, "pathprobe_scrape_render_errors_total") == 0, host
+        assert value(got, "pathprobe_config_last_reload_successful") == 1, host
+        log = (fleet.work / f"{host}.log").read_text()
+        assert "Traceback" not in log and "rendering /metrics failed" not in log, f"{host}: {log[-3000:]}"
+
+
+def logged_tests(work: Path) -> list[tuple[float, float, str, str]]:
+    """(start, end, client, server) of every throughput test the hosts logged."""
+    found = []
+    for host in HOSTS:
+        log = work / f"{host}.log"
+        for peer, _, start, end in TEST_LINE.findall(log.read_text() if log.exists() else ""):
+            found.append((float(start), float(end), host, peer))
+    return found
+
+
+@pytest.fixture(scope="module")
+def rolled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    fleet = Fleet(tmp_path_factory.mktemp("chaos"))
+    net.up(TOPO)
+    try:
+        for host in HOSTS:
+            fleet.start(host, None)
+        wait_for("every host has run a test", lambda: {c for _, _, c, _ in logged_tests(fleet.work)} == set(HOSTS),
+                 timeout=6 * 5 * SLOT)  # fmt: skip
+        rng = random.Random(SEED)
+        started = time.monotonic()
+        for moment in sorted(rng.uniform(0, SPAN) for _ in range(CHANGES)):
+            time.sleep(max(0.0, started + moment - time.monotonic()))  # or at once, when the last ran late
+            change(fleet, rng)
+            healthy(fleet)
+        yield fleet
+        for host in list(fleet.procs):
+            fleet.stop(host)
+    finally:
+        net.down()
+
+
+def test_every_kind_of_change_was_rolled_out(rolled: Fleet) -> None:
+    assert len(rolled.changes) == CHANGES
+    assert {"leave", "join", "settings"} <= set(rolled.changes), rolled.changes
+
+
+def test_no_host_was_ever_in_two_tests_at_once(rolled: Fleet) -> None:
+    tests = logged_tests(rolled.work)
+    assert len(tests) > 100, len(tests)
+    for host in HOSTS:
+        mine = sorted((s, e, c, p) for s, e, c, p in tests if host in (c, p))
+        overlapping = [(x, y) for x, y in pairwise(mine) if y[0] < x[1]]
+        assert not overlapping, f"{host} was in two tests at once: {overlapping}"
+
+
+def test_no_exception_was_logged(rolled: Fleet) -> None:
+    for host in HOSTS:
+        log = (rolled.work / f"{host}.log").read_text()
+        assert "Traceback" not in log and "rendering /metrics failed" not in log, f"{host}: {log[-3000:]}"
