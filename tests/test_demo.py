@@ -19,7 +19,6 @@ from test_lab import root_leftovers
 
 from helpers import PATHPROBE, wait_for
 from pathprobe import procs, promql
-from pathprobe.monitoring import params
 from pathprobe_lab import topology
 from pathprobe_lab.state import State
 
@@ -34,7 +33,9 @@ def query(expr: str) -> list[dict]:
 SUBSTITUTE = {"$region": ".*", "$host": ".*", "$peer": ".*", "$__rate_interval": "1m", "$volume_tb": "40",
               "$price_per_gb": "0.02"}  # fmt: skip
 NO_DATA_EXPECTED = {"Firing pathprobe alerts"}  # a healthy lab fires nothing
-SILENT_SECONDS = 360  # four rotations of the 30 s slots' 90 s (CI time: see the closing notes)
+SILENT_SECONDS = 600  # ten minutes: under two cores' load a slow delay line showed only after six
+BEST_RATIO = 0.9  # every test's best in the window, of its floor: the lab costs a path under 10%
+IDLE_TAIL = 0.10  # an idle RTT series' p99 within 10% of its p50 (or 0.15 ms, on sub-millisecond paths)
 
 
 def check_dashboard_queries() -> None:
@@ -60,6 +61,25 @@ def check_dashboard_queries() -> None:
                     raise AssertionError(f"{name}/{panel['title']}: {expr}: {exc.read().decode()}") from exc
             if panel["title"] not in NO_DATA_EXPECTED:
                 assert any(found), f"{name}/{panel['title']}: no data from the lab"
+
+
+def test_name(labels: dict[str, str]) -> str:
+    return f"{labels['host']} -> {labels['peer']} {labels['protocol']} x{labels['streams']} {labels['direction']}"
+
+
+def check_idle_tails() -> None:
+    """Idle RTT as tight as the path: p99 within IDLE_TAIL of p50 on every series."""
+    tails = {}
+    for s in query('pathprobe_rtt_seconds{state="idle", quantile="0.99"}'):
+        m = s["metric"]
+        [p50] = query(f'pathprobe_rtt_seconds{{state="idle", quantile="0.5", host="{m["host"]}", '
+                      f'peer="{m["peer"]}", protocol="{m["protocol"]}"}}')  # fmt: skip
+        tails[f"{m['host']} -> {m['peer']} {m['protocol']}"] = (float(p50["value"][1]), float(s["value"][1]))
+    print("idle RTT p50, p99 (ms), p99/p50:")
+    for name, (p50, p99) in sorted(tails.items(), key=lambda kv: kv[1][1] / kv[1][0]):
+        print(f"  {p50 * 1e3:8.3f} {p99 * 1e3:8.3f}  {p99 / p50:.3f}  {name}")
+    loose = {n: t for n, t in tails.items() if t[1] - t[0] > max(IDLE_TAIL * t[0], 0.00015)}
+    assert tails and not loose, loose
 
 
 def test_demo_fills_prometheus_for_every_path_then_cleans_up(tmp_path: Path) -> None:
@@ -119,13 +139,16 @@ def test_demo_fills_prometheus_for_every_path_then_cleans_up(tmp_path: Path) -> 
         # four flows at the inter-region cap.
         assert 0.8 * 500e6 < rows[1] <= 1.05 * 500e6, rows
         assert rows[4] == pytest.approx(500e6, rel=0.05)
-        # A path's expected value is its floor (the instance baseline), and every test of every path reaches
-        # the alerts' warning share of it at its best in those minutes. Under the whole demo's load two cores
-        # carry a 74 ms single flow at 0.7-0.9 of its floor (the Python delay line); the 5% prediction is
-        # tests/test_aws_lab.py's, on a quiet lab.
+        # A path's expected value is its floor (the instance baseline): every test of every path reaches
+        # 0.9 of it at its best in the window, under the whole demo's load (a quiet lab reads +1% to +3.5%
+        # of the prediction: tests/test_aws_lab.py).
         ratios = query(f"max_over_time(path:pathprobe_throughput_expected_ratio:last[{SILENT_SECONDS}s])")
-        warning = params.Params().throughput_ratio_warning
-        assert len(ratios) == 2 * len(paths) and min(float(r["value"][1]) for r in ratios) > warning, ratios
+        best = {test_name(r["metric"]): float(r["value"][1]) for r in ratios}
+        print("\nbest ratio to the floor in the window, per test:")
+        for name, ratio in sorted(best.items(), key=lambda kv: kv[1]):
+            print(f"  {ratio:.3f}  {name}")
+        assert len(best) == 2 * len(paths) and min(best.values()) >= BEST_RATIO, best
+        check_idle_tails()
     finally:
         demo.send_signal(signal.SIGINT)
         out, _ = demo.communicate(timeout=60)
