@@ -1,22 +1,30 @@
 """Lab fidelity: configured rate, delay and loss against what pathprobe measures,
 next to plain iperf3 and ping on the same path.
 
-Run as root: .venv/bin/python bench/lab_fidelity.py   (about 4 minutes; builds its own
-two-host lab in 198.18.0.0/15 and removes it)
-Targets (issue 3): throughput within 3% of the payload rate the shaper allows; RTT p50
-within 0.5 ms + 2% of the configured RTT; loss within 0.2 percentage points at 1% over
-at least 20,000 packets.
+Run as root: .venv/bin/python bench/lab_fidelity.py [--only delay-line]   (about 6 minutes;
+builds its own labs in 198.18.0.0/15 and removes them)
+Targets: throughput within 3% of the payload rate the shaper allows; RTT p50 within
+0.5 ms + 2% of the configured RTT; loss within 0.2 percentage points at 1% over at least
+20,000 packets. The delay line (compiled against the Python one, in the same run): while
+one path carries the most the lab shapes, the delay it adds on an idle second path at p99
+within 0.1 ms, and its CPU per Gbit/s at most a fifth of the Python one's.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import re
+import signal
+import statistics
 import subprocess
 import sys
+import time
 
 import yaml
 
+from pathprobe import promql
 from pathprobe_lab import net, shaping
 from pathprobe_lab.state import State, in_ns, ns
 from pathprobe_lab.topology import PathSpec, Topology, address
@@ -30,6 +38,22 @@ hosts:
 """)
 )
 DST = address(2)
+# Two paths through the one router: a->b carries a test at the most the lab shapes, c->d is idle.
+TWO_PATHS = Topology.model_validate(
+    yaml.safe_load("""
+hosts:
+  - {name: a, region: r1}
+  - {name: b, region: r2}
+  - {name: c, region: r3}
+  - {name: d, region: r4}
+paths:
+  - {between: [r1, r2], rate: 2G, one_way_delay: 0.25ms}
+  - {between: [r3, r4], one_way_delay: 0.25ms}
+""")
+)
+LOADED_SECONDS = 8
+DEMO_WINDOW = 300  # two and a half rotations of the default demo's 40 s slots
+DEMO_PROM = "http://127.0.0.1:19090"
 
 
 def in_src(cmd: list[str]) -> str:
@@ -97,6 +121,78 @@ def loss_rows() -> list[list[str]]:
     return rows
 
 
+def run_in(host: str, cmd: list[str]) -> str:
+    proc = subprocess.run(in_ns(ns(host), cmd), capture_output=True, text=True, timeout=300, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{host}: {cmd}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def idle_path_rtts(count: int) -> dict[str, tuple[float, float]]:
+    """RTT p50 and p99 (s) over the idle path c->d: pathprobe's TCP request/response and ping, side by side."""
+    ping = subprocess.Popen(in_ns(ns("c"), ["ping", "-n", "-c", str(count), "-i", "0.01", address(4)]),
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    rr = json.loads(run_in("c", [*PATHPROBE, "probe", "rtt", address(4), "-c", str(count), "-i", "0.01", "--json"]))
+    out, _ = ping.communicate(timeout=60)
+    pings = [float(m) / 1e3 for m in re.findall(r"time=([\d.]+) ms", out)]
+    return {"tcp rr": (rr["rtt_seconds"]["p50"], rr["rtt_seconds"]["p99"]),
+            "ping": (quantile(pings, 0.5), quantile(pings, 0.99))}  # fmt: skip
+
+
+def cpu_seconds(pid: int, which: str = "both") -> float:
+    """User, system or both CPU seconds of a process (/proc/PID/stat utime, stime)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()  # noqa: SIM115
+    user, system = int(fields[11]), int(fields[12])
+    ticks = {"user": user, "system": system, "both": user + system}[which]
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def quantile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=1000, method="inclusive")[round(q * 1000) - 1]
+
+
+def delay_line_rows(kind: str) -> list[list[str]]:
+    """One lab with `kind`'s delay line: the idle path quiet, then beside a 2 Gbit/s test."""
+    os.environ["PATHPROBE_LAB_DELAY_LINE"] = kind
+    net.down()
+    state = net.up(TWO_PATHS)
+    servers = [subprocess.Popen(in_ns(ns(h), [*PATHPROBE, "serve", "--allow", "198.18.0.0/15"]),
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) for h in ("b", "d")]  # fmt: skip
+    try:
+        for s in servers:
+            assert s.stdout is not None and s.stdout.readline()  # ready
+        line = next(p["pid"] for p in state.processes if p["what"] == "delay-line")
+        quiet = idle_path_rtts(500)
+        load = ["iperf3", "-c", address(2), "-t", str(LOADED_SECONDS), "-P", "4", "-J"]
+        test = subprocess.Popen(in_ns(ns("a"), load), stdout=subprocess.PIPE, text=True)
+        cpu_before, user_before, started = cpu_seconds(line), cpu_seconds(line, "user"), time.monotonic()
+        time.sleep(1.5)  # past slow start: the shaper's queue is full
+        loaded = idle_path_rtts(500)
+        out, _ = test.communicate(timeout=LOADED_SECONDS + 30)
+        took = time.monotonic() - started
+        cpu_share, user_share = (
+            (cpu_seconds(line) - cpu_before) / took,
+            (cpu_seconds(line, "user") - user_before) / took,
+        )
+        if kind == "compiled":
+            os.kill(line, signal.SIGUSR1)  # its counters, to the log
+        gbits = json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e9
+    finally:
+        for s in servers:
+            s.terminate()
+            s.wait(timeout=10)
+        net.down()
+        os.environ.pop("PATHPROBE_LAB_DELAY_LINE")
+    rows = []
+    for probe, (q50, q99) in quiet.items():
+        l50, l99 = loaded[probe]
+        # Added: what the load on the other path adds to this one's quantiles.
+        rows.append([kind, probe, *(f"{v * 1e3:.3f}" for v in (q50, q99, l50, l99)),
+                     f"{(l50 - q50) * 1e3:+.3f}", f"{(l99 - q99) * 1e3:+.3f}", f"{gbits:.2f}", f"{cpu_share:.1%}",
+                     f"{user_share:.1%}", f"{cpu_share / gbits:.1%}", f"{user_share / gbits:.2%}"])  # fmt: skip
+    return rows
+
+
 def table(title: str, head: list[str], rows: list[list[str]]) -> None:
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     print(f"\n{title}")
@@ -104,7 +200,71 @@ def table(title: str, head: list[str], rows: list[list[str]]) -> None:
         print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
 
 
+def demo_rows(kind: str) -> list[list[str]]:
+    """The default demo with `kind`'s delay line: every one-flow test on the ~74 ms paths (to and
+    from Singapore) against its prediction while the other hosts run their schedule."""
+    env = {**os.environ, "PATHPROBE_LAB_DELAY_LINE": kind}
+    demo = subprocess.Popen([*PATHPROBE, "demo", "--workdir", f"/var/tmp/pathprobe-bench-demo-{kind}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
+    try:
+        assert demo.stdout is not None
+        for out in demo.stdout:  # bounded: the demo exits when it cannot start
+            if "Ctrl-C stops" in out:
+                break
+        state = State.load()
+        assert state is not None
+        line = next(p["pid"] for p in state.processes if p["what"] == "delay-line")
+        cpu_before, started = cpu_seconds(line), time.monotonic()
+        time.sleep(DEMO_WINDOW)
+        cpu_share = (cpu_seconds(line) - cpu_before) / (time.monotonic() - started)
+        sel = 'path:pathprobe_throughput_expected_ratio:last{protocol="tcp", streams="1", direction="send"}'
+        tests = {}
+        for fn in ("min", "max"):
+            for r in promql.query(DEMO_PROM, f"{fn}_over_time({sel}[{DEMO_WINDOW}s])", timeout=10):
+                m = r["metric"]
+                if "singapore-a" in (m["host"], m["peer"]):
+                    tests.setdefault(f"{m['host']} -> {m['peer']}", {})[fn] = float(r["value"][1])
+    finally:
+        demo.send_signal(signal.SIGINT)
+        demo.communicate(timeout=120)
+    return [[kind, name, f"{t['min']:.3f}", f"{t['max']:.3f}", "ok" if t["min"] >= 0.97 else "MISS", f"{cpu_share:.1%}"]
+            for name, t in sorted(tests.items())]  # fmt: skip
+
+
+def delay_line_table() -> None:
+    rows = delay_line_rows("compiled") + delay_line_rows("python")
+    table(
+        "Delay line: idle 0.5 ms path c->d (ms), quiet and beside a 2 Gbit/s 4-stream test a->b; its CPU",
+        [
+            "delay line",
+            "probe",
+            "quiet p50",
+            "quiet p99",
+            "loaded p50",
+            "loaded p99",
+            "added p50",
+            "added p99",
+            "test Gbit/s",
+            "CPU (core)",
+            "CPU per Gbit/s",
+        ],
+        rows,
+    )
+    table(
+        f"Delay line in the default demo: one-flow tests to and from Singapore (~74 ms) over {DEMO_WINDOW} s, "
+        "measured / predicted",
+        ["delay line", "path", "lowest", "highest", "within 3%", "delay line CPU (core)"],
+        demo_rows("compiled") + demo_rows("python"),
+    )
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", choices=["delay-line"], help="run one section")
+    if parser.parse_args().only == "delay-line":
+        delay_line_table()
+        return 0
+    delay_line_table()
     net.down()
     net.up(TOPOLOGY)
     serve = subprocess.Popen(

@@ -9,8 +9,10 @@ cd "$(dirname "$0")/.."
 # debootstrap builds the root filesystems of the Ansible deployment test's lab hosts,
 # systemd-container boots them (systemd-nspawn) and Ansible reaches them over SSH;
 # systemd's systemd-analyze checks the unit the role writes.
+# gcc, libnetfilter-queue-dev and libmnl-dev build the lab's delay line (lab/delayline/).
 packages=(iperf3 iproute2 nftables iptables iputils-ping procps python3-venv prometheus prometheus-alertmanager
-  docker-compose debootstrap systemd-container openssh-client openssl systemd ethtool)
+  docker-compose debootstrap systemd-container openssh-client openssl systemd ethtool
+  gcc libc6-dev libnetfilter-queue-dev libmnl-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -28,4 +30,12 @@ if [ ! -x .venv/bin/pathprobe ] || [ exporter/pyproject.toml -nt .venv/.installe
   python3 -m venv .venv
   .venv/bin/pip install -q -e 'exporter[dev]' -e lab
   touch .venv/.installed
+fi
+
+# The lab's NFQUEUE delay line, compiled (lab/delayline/delayline.c says why); the lab runs it
+# from .venv/bin.
+if [ ! -x .venv/bin/pathprobe-delay-line ] || [ lab/delayline/delayline.c -nt .venv/bin/pathprobe-delay-line ]; then
+  gcc -O2 -Wall -Wextra -Werror -std=gnu11 -o .venv/bin/pathprobe-delay-line.new lab/delayline/delayline.c \
+    -lnetfilter_queue -lmnl
+  mv .venv/bin/pathprobe-delay-line.new .venv/bin/pathprobe-delay-line
 fi

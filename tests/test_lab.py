@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,8 @@ import pytest
 
 from helpers import PATHPROBE, in_host, payload_rate, topology
 from pathprobe import procs
-from pathprobe_lab.state import NFT_TABLE, PREFIX, ROOT_LINK, ROUTER, State, in_ns, iptables, ns
+from pathprobe_lab import shaping
+from pathprobe_lab.state import NFT_TABLE, PREFIX, ROOT_LINK, ROUTER, STATE_DIR, State, in_ns, iptables, ns
 from pathprobe_lab.topology import address
 
 # That the configured delay is what is measured, to a few ms (a 20 ms step is what impair
@@ -171,3 +173,21 @@ def test_topology_helper_parses_default() -> None:
     default = topo_mod.load(None)
     assert [h.name for h in default.hosts] == ["tokyo-a", "tokyo-b", "osaka-a", "singapore-a"]
     assert topology(TOPOLOGY).hosts[0].congestion == "cubic"
+
+
+def test_the_delay_line_names_a_bad_argument() -> None:
+    binary = shaping.delay_line_command({1: 0.001})[0]
+    for arg, why in (("7", "QUEUE:SECONDS"), ("70000:0.001", "queue 0-65535"), ("3:-1", "0-10 s")):
+        proc = subprocess.run([binary, "1:0.002", arg], capture_output=True, text=True, timeout=10, check=False)
+        assert proc.returncode == 2 and f"argument 2 ({arg})" in proc.stderr and why in proc.stderr, proc.stderr
+
+
+def test_the_delay_line_logs_its_counters_when_stopped(serving: None) -> None:
+    rtt_p50("east", 2)  # some packets through it
+    state = State.load()
+    assert state is not None
+    line = next(p for p in state.processes if p["what"] == "delay-line")
+    log = STATE_DIR / "delay-line.log"
+    procs.terminate(line["pid"])  # SIGTERM first: it prints its counters and exits
+    counters = re.search(r"delay line: (\d+) packets .* late by at most (\d+) us at p50", log.read_text())
+    assert counters is not None and int(counters[1]) > 0 and int(counters[2]) <= 100, log.read_text()[-500:]

@@ -1,4 +1,7 @@
-"""A userspace delay line on NFQUEUE, for kernels without netem.
+"""The Python delay line: the reference that bench/lab_fidelity.py measures the lab's compiled
+one (lab/delayline/delayline.c) against; the lab runs it only with PATHPROBE_LAB_DELAY_LINE=python.
+Under the demo's load it costs 25-35% of a core and its service time shows as RTT on idle paths,
+which is why the lab no longer runs it.
 
 iptables sends each delayed path's packets to its own queue; this process holds
 every packet for the queue's one-way delay and then accepts it. It speaks the

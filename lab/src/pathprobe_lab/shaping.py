@@ -1,14 +1,21 @@
 """Shaping the lab's paths: rate (HTB on the router, per source), loss (nftables numgen)
-and one-way delay (iptables NFQUEUE to the delay line, delayline.py, which this module
-starts and restarts). Used by `lab up` and by impair/restore."""
+and one-way delay (iptables NFQUEUE to the delay line, which this module starts and
+restarts). Used by `lab up` and by impair/restore.
+
+The delay line is the compiled `pathprobe-delay-line` (lab/delayline/delayline.c, built into
+the venv by scripts/setup.sh); `PATHPROBE_LAB_DELAY_LINE=python` runs the Python one
+(delayline.py) instead, which bench/lab_fidelity.py measures beside it."""
 
 from __future__ import annotations
 
 import json
+import os
 import select
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 from pathprobe import procs
 
@@ -148,7 +155,7 @@ def _restart_delay_line(state: State, queues: dict[int, float]) -> None:
         procs.terminate(proc["pid"])
         state.processes.remove(proc)
     if queues:
-        cmd = in_ns(ROUTER, [sys.executable, "-m", "pathprobe_lab.delayline", "--queues", json.dumps(queues)])
+        cmd = in_ns(ROUTER, delay_line_command(queues))
         log_path = STATE_DIR / "delay-line.log"
         with log_path.open("ab") as log_file:
             child = subprocess.Popen(
@@ -164,6 +171,16 @@ def _restart_delay_line(state: State, queues: dict[int, float]) -> None:
         if line != "ready":
             raise LabError(f"the delay line did not start: {log_path.read_text()[-500:]}")
     state.save()
+
+
+def delay_line_command(queues: dict[int, float]) -> list[str]:
+    if os.environ.get("PATHPROBE_LAB_DELAY_LINE") == "python":
+        return [sys.executable, "-m", "pathprobe_lab.delayline", "--queues", json.dumps(queues)]
+    venv_bin = str(Path(sys.executable).parent)
+    binary = shutil.which("pathprobe-delay-line", path=os.pathsep.join([venv_bin, os.environ.get("PATH", "")]))
+    if binary is None:
+        raise LabError(f"pathprobe-delay-line is not built (not in {venv_bin} nor PATH): run scripts/setup.sh")
+    return [binary, *(f"{q}:{d!r}" for q, d in sorted(queues.items()))]
 
 
 def ensure_delay_line(state: State) -> bool:

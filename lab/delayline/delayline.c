@@ -1,0 +1,454 @@
+/* pathprobe-delay-line: holds each lab path's packets for the path's one-way delay, for
+ * kernels without netem.
+ *
+ * iptables sends each delayed path's packets to its own NFQUEUE; this process binds every
+ * queue on a netlink socket of its own and accepts each packet once it has been held for its
+ * queue's delay. Why it is built this way:
+ * - compiled, one thread: a packet costs a few microseconds, so the release of one path is
+ *   never queued behind the work of another (the Python line it replaces took ~20 us a packet
+ *   and 25-35% of a core under the demo, and its service time showed as RTT on idle paths);
+ * - a socket per queue, read in turns of at most BATCH messages: a test filling one path's
+ *   socket cannot hold the packets of another path behind it;
+ * - copy mode META and F_GSO: payloads never come to userspace, GSO super-packets whole;
+ * - one batch verdict per queue per wake-up accepts every due packet at once (NF_ACCEPT for
+ *   every id up to the last due one), right because a queue's packets share one delay (FIFO);
+ * - each hold runs from the kernel's receive timestamp (NFQA_TIMESTAMP), so the wake-up that
+ *   reads a packet is not added to its delay;
+ * - SCHED_FIFO, 1 ns timer slack and nanosecond epoll timeouts, so that a release is late by
+ *   the machine's timer wake-up only, not by the exporters, iperf3 or Prometheus beside it.
+ *
+ * Usage: pathprobe-delay-line QUEUE:SECONDS [QUEUE:SECONDS ...]
+ * Prints "ready" once every queue is bound. Exits 2 on bad arguments, 1 on a netlink error.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <endian.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <libmnl/libmnl.h>
+#include <libnetfilter_queue/libnetfilter_queue.h>
+#include <linux/netfilter.h>
+#include <linux/netfilter/nfnetlink_queue.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BATCH 64                     /* messages read from one queue's socket per turn */
+#define MSG_BYTES 1024               /* one META-mode packet message is ~150 bytes */
+#define QUEUE_MAXLEN 65536           /* packets the kernel holds per queue */
+#define RCVBUF_BYTES (32 << 20)
+#define REALTIME_PRIORITY 10         /* above ordinary processes, below the kernel's RT threads */
+#define MAX_CATCH_UP_NS 5000000      /* a larger queued-to-read gap is a clock step */
+#define SO_TIMESTAMPNS_OPT 35
+#define MAX_WAKE_EARLY_NS 20000      /* the most a wake-up is asked early (and so spun) */
+/* A queue whose delay is at least LAZY_DELAY_NS is read every LAZY_READ_NS instead of on
+ * each arrival: its packets fall due long after they are read, and waking for each arrival
+ * costs a wake-up a packet. Shorter delays wake this process as their packets arrive. */
+#define LAZY_DELAY_NS 2000000
+#define LAZY_READ_NS 1000000
+
+struct held {
+	uint64_t due_ns;
+	uint32_t id;
+};
+
+struct path {
+	uint16_t queue;
+	uint64_t delay_ns;
+	struct mnl_socket *nl;
+	unsigned int portid;
+	struct held *ring; /* FIFO of held packets, a power-of-two ring that grows */
+	size_t cap, head, count;
+	size_t heap_pos; /* index in the due heap, or SIZE_MAX when nothing is held */
+};
+
+/* Counted for the log (printed on SIGUSR1 and SIGTERM): how late releases are is the delay's error. */
+#define LATE_BUCKETS 101 /* 10 us each; the last one is 1 ms and more */
+static struct {
+	uint64_t packets, reads, wakeups, verdicts;
+	uint64_t late[LATE_BUCKETS];
+} stats;
+static volatile sig_atomic_t report_asked, stop_asked;
+
+static struct path *paths;
+static size_t npaths;
+static struct path **heap; /* paths holding packets, the earliest head due first */
+static size_t heap_len;
+
+static void die(const char *what)
+{
+	fprintf(stderr, "delay line: %s: %s\n", what, strerror(errno));
+	exit(1);
+}
+
+static uint64_t clock_ns(clockid_t clock)
+{
+	struct timespec ts;
+	clock_gettime(clock, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t head_due(const struct path *p)
+{
+	return p->ring[p->head].due_ns;
+}
+
+static void heap_swap(size_t a, size_t b)
+{
+	struct path *t = heap[a];
+	heap[a] = heap[b];
+	heap[b] = t;
+	heap[a]->heap_pos = a;
+	heap[b]->heap_pos = b;
+}
+
+static void heap_up(size_t i)
+{
+	while (i > 0 && head_due(heap[(i - 1) / 2]) > head_due(heap[i])) {
+		heap_swap(i, (i - 1) / 2);
+		i = (i - 1) / 2;
+	}
+}
+
+static void heap_down(size_t i)
+{
+	for (;;) {
+		size_t least = i, l = 2 * i + 1, r = l + 1;
+		if (l < heap_len && head_due(heap[l]) < head_due(heap[least]))
+			least = l;
+		if (r < heap_len && head_due(heap[r]) < head_due(heap[least]))
+			least = r;
+		if (least == i)
+			return;
+		heap_swap(i, least);
+		i = least;
+	}
+}
+
+static void hold(struct path *p, uint64_t due_ns, uint32_t id)
+{
+	if (p->count == p->cap) {
+		size_t cap = p->cap ? p->cap * 2 : 1024;
+		struct held *ring = malloc(cap * sizeof(*ring));
+		if (!ring)
+			die("out of memory");
+		for (size_t k = 0; k < p->count; k++)
+			ring[k] = p->ring[(p->head + k) & (p->cap - 1)];
+		free(p->ring);
+		p->ring = ring;
+		p->cap = cap;
+		p->head = 0;
+	}
+	p->ring[(p->head + p->count) & (p->cap - 1)] = (struct held){due_ns, id};
+	if (p->count++ == 0) {
+		p->heap_pos = heap_len;
+		heap[heap_len++] = p;
+		heap_up(p->heap_pos);
+	}
+}
+
+static void on_packet(struct path *p, const struct nlmsghdr *nlh, uint64_t now_mono, uint64_t now_real)
+{
+	struct nlattr *attr[NFQA_MAX + 1] = {0};
+	if (nfq_nlmsg_parse(nlh, attr) < 0 || !attr[NFQA_PACKET_HDR])
+		return;
+	const struct nfqnl_msg_packet_hdr *ph = mnl_attr_get_payload(attr[NFQA_PACKET_HDR]);
+	/* The hold runs from when the kernel queued the packet, not from this read. */
+	uint64_t waited = 0;
+	if (attr[NFQA_TIMESTAMP]) {
+		const struct nfqnl_msg_packet_timestamp *ts = mnl_attr_get_payload(attr[NFQA_TIMESTAMP]);
+		uint64_t queued = be64toh(ts->sec) * 1000000000u + be64toh(ts->usec) * 1000u;
+		if (now_real > queued)
+			waited = now_real - queued;
+		if (waited > MAX_CATCH_UP_NS)
+			waited = MAX_CATCH_UP_NS;
+	}
+	stats.packets++;
+	hold(p, now_mono + p->delay_ns - (waited < p->delay_ns ? waited : p->delay_ns), ntohl(ph->packet_id));
+}
+
+/* Reads up to BATCH messages from one queue's socket; false when it had none. */
+static bool read_queue(struct path *p)
+{
+	static char bufs[BATCH][MSG_BYTES];
+	static struct iovec iov[BATCH];
+	static struct mmsghdr msgs[BATCH];
+	for (int k = 0; k < BATCH; k++) {
+		iov[k] = (struct iovec){bufs[k], MSG_BYTES};
+		msgs[k] = (struct mmsghdr){.msg_hdr = {.msg_iov = &iov[k], .msg_iovlen = 1}};
+	}
+	int n = recvmmsg(mnl_socket_get_fd(p->nl), msgs, BATCH, MSG_DONTWAIT, NULL);
+	stats.reads++;
+	if (n < 0) {
+		if (errno == EAGAIN || errno == EINTR || errno == ENOBUFS)
+			return false;
+		die("recvmmsg");
+	}
+	uint64_t now_mono = clock_ns(CLOCK_MONOTONIC), now_real = clock_ns(CLOCK_REALTIME);
+	for (int k = 0; k < n; k++) {
+		int len = (int)msgs[k].msg_len;
+		for (const struct nlmsghdr *nlh = (const struct nlmsghdr *)bufs[k]; mnl_nlmsg_ok(nlh, len);
+		     nlh = mnl_nlmsg_next(nlh, &len))
+			if ((nlh->nlmsg_type & 0xff) == NFQNL_MSG_PACKET)
+				on_packet(p, nlh, now_mono, now_real);
+	}
+	return n == BATCH;
+}
+
+static void count_late(uint64_t late_ns)
+{
+	uint64_t bucket = late_ns / 10000;
+	stats.late[bucket < LATE_BUCKETS ? bucket : LATE_BUCKETS - 1]++;
+}
+
+/* Accepts every due packet; returns the monotonic time the next one is due, or 0. */
+static uint64_t release_due(uint64_t now)
+{
+	char buf[256];
+	while (heap_len && head_due(heap[0]) <= now) {
+		struct path *p = heap[0];
+		uint32_t last = 0;
+		count_late(now - head_due(p)); /* the earliest released packet is the latest one */
+		while (p->count && p->ring[p->head].due_ns <= now) {
+			last = p->ring[p->head].id;
+			p->head = (p->head + 1) & (p->cap - 1);
+			p->count--;
+		}
+		struct nlmsghdr *nlh = nfq_nlmsg_put(buf, NFQNL_MSG_VERDICT_BATCH, p->queue);
+		nfq_nlmsg_verdict_put(nlh, (int)last, NF_ACCEPT);
+		if (mnl_socket_sendto(p->nl, nlh, nlh->nlmsg_len) < 0)
+			die("sending a verdict");
+		stats.verdicts++;
+		if (p->count) {
+			heap_down(0);
+		} else {
+			p->heap_pos = SIZE_MAX;
+			heap[0] = heap[--heap_len];
+			if (heap_len) {
+				heap[0]->heap_pos = 0;
+				heap_down(0);
+			}
+		}
+	}
+	return heap_len ? head_due(heap[0]) : 0;
+}
+
+static void print_stats(void)
+{
+	uint64_t releases = 0, seen = 0, p50 = 0, p99 = 0;
+	for (int k = 0; k < LATE_BUCKETS; k++)
+		releases += stats.late[k];
+	for (int k = 0; k < LATE_BUCKETS; k++) {
+		seen += stats.late[k];
+		if (!p50 && seen * 2 >= releases)
+			p50 = (uint64_t)(k + 1) * 10;
+		if (!p99 && seen * 100 >= releases * 99)
+			p99 = (uint64_t)(k + 1) * 10;
+	}
+	fprintf(stderr,
+		"delay line: %" PRIu64 " packets in %" PRIu64 " reads, %" PRIu64 " wake-ups, %" PRIu64
+		" verdicts; releases late by at most %" PRIu64 " us at p50, %" PRIu64 " us at p99\n",
+		stats.packets, stats.reads, stats.wakeups, stats.verdicts, p50, p99);
+}
+
+/* Binds one queue on its own socket and waits for the kernel's ack. */
+static void bind_queue(struct path *p)
+{
+	char buf[MNL_SOCKET_BUFFER_SIZE];
+	p->nl = mnl_socket_open(NETLINK_NETFILTER);
+	if (!p->nl || mnl_socket_bind(p->nl, 0, MNL_SOCKET_AUTOPID) < 0)
+		die("opening a netlink socket");
+	p->portid = mnl_socket_get_portid(p->nl);
+	int fd = mnl_socket_get_fd(p->nl), on = 1, rcvbuf = RCVBUF_BYTES;
+	if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &rcvbuf, sizeof(rcvbuf)) < 0)
+		die("SO_RCVBUFFORCE");
+	/* A message lost to a full buffer is harmless: the next batch verdict accepts its packet. */
+	mnl_socket_setsockopt(p->nl, NETLINK_NO_ENOBUFS, &on, sizeof(on));
+
+	struct nlmsghdr *nlh = nfq_nlmsg_put(buf, NFQNL_MSG_CONFIG, p->queue);
+	nfq_nlmsg_cfg_put_cmd(nlh, AF_INET, NFQNL_CFG_CMD_BIND);
+	nfq_nlmsg_cfg_put_params(nlh, NFQNL_COPY_META, 0);
+	nfq_nlmsg_cfg_put_qmaxlen(nlh, QUEUE_MAXLEN);
+	mnl_attr_put_u32(nlh, NFQA_CFG_FLAGS, htonl(NFQA_CFG_F_GSO));
+	mnl_attr_put_u32(nlh, NFQA_CFG_MASK, htonl(NFQA_CFG_F_GSO));
+	nlh->nlmsg_flags |= NLM_F_ACK;
+	nlh->nlmsg_seq = 1;
+	if (mnl_socket_sendto(p->nl, nlh, nlh->nlmsg_len) < 0)
+		die("binding a queue");
+	for (;;) { /* packets may arrive before the ack: hold them */
+		int len = (int)mnl_socket_recvfrom(p->nl, buf, sizeof(buf));
+		if (len < 0)
+			die("waiting for a queue's ack");
+		uint64_t now_mono = clock_ns(CLOCK_MONOTONIC), now_real = clock_ns(CLOCK_REALTIME);
+		for (nlh = (struct nlmsghdr *)buf; mnl_nlmsg_ok(nlh, len); nlh = mnl_nlmsg_next(nlh, &len)) {
+			if (nlh->nlmsg_type == NLMSG_ERROR && nlh->nlmsg_seq == 1) {
+				const struct nlmsgerr *err = mnl_nlmsg_get_payload(nlh);
+				if (err->error) {
+					errno = -err->error;
+					fprintf(stderr, "delay line: binding NFQUEUE %u: %s\n", p->queue, strerror(errno));
+					exit(1);
+				}
+				return;
+			}
+			if ((nlh->nlmsg_type & 0xff) == NFQNL_MSG_PACKET)
+				on_packet(p, nlh, now_mono, now_real);
+		}
+	}
+}
+
+/* Waits until `target` or until a prompt queue has a packet. A timer wakes this process some
+ * tens of microseconds late on a VM, which would add to every delay: so it asks to be woken
+ * that much early (the lateness seen so far, a moving average) and spins the rest. */
+static void wait_until(int ep_prompt, uint64_t target, uint64_t now)
+{
+	static uint64_t early_ns;
+	struct epoll_event event;
+	if (target <= now)
+		return;
+	uint64_t ask = target - (early_ns < target - now ? early_ns : target - now);
+	struct timespec left = {(time_t)((ask - now) / 1000000000u), (long)((ask - now) % 1000000000u)};
+	if (epoll_pwait2(ep_prompt, &event, 1, &left, NULL) != 0)
+		return; /* a packet to read, or a signal */
+	now = clock_ns(CLOCK_MONOTONIC);
+	int64_t late = (int64_t)(now - ask) < MAX_WAKE_EARLY_NS ? (int64_t)(now - ask) : MAX_WAKE_EARLY_NS;
+	early_ns = (uint64_t)((int64_t)early_ns + (late - (int64_t)early_ns) / 16);
+	while (now < target)
+		now = clock_ns(CLOCK_MONOTONIC);
+}
+
+/* Reads every ready queue's socket, in turns of BATCH messages, until all are drained, releasing
+ * what falls due in between; waits up to `timeout_ms` (-1: for ever) for one to be ready. */
+static void read_ready(int ep, int timeout_ms)
+{
+	struct epoll_event events[64];
+	struct path *busy[64];
+	int n = epoll_wait(ep, events, 64, timeout_ms);
+	if (n < 0 && errno != EINTR)
+		die("epoll_wait");
+	size_t nbusy = 0;
+	for (int k = 0; k < n; k++)
+		busy[nbusy++] = events[k].data.ptr;
+	while (nbusy) {
+		size_t still = 0;
+		for (size_t k = 0; k < nbusy; k++)
+			if (read_queue(busy[k]))
+				busy[still++] = busy[k];
+		nbusy = still;
+		if (nbusy)
+			release_due(clock_ns(CLOCK_MONOTONIC));
+	}
+}
+
+static void parse_args(int argc, char **argv)
+{
+	npaths = (size_t)(argc - 1);
+	paths = calloc(npaths, sizeof(*paths));
+	heap = calloc(npaths, sizeof(*heap));
+	if (npaths == 0 || !paths || !heap) {
+		fprintf(stderr, "usage: %s QUEUE:SECONDS [QUEUE:SECONDS ...]\n", argv[0]);
+		exit(2);
+	}
+	for (size_t k = 0; k < npaths; k++) {
+		char *end;
+		unsigned long queue = strtoul(argv[k + 1], &end, 10);
+		double delay = *end == ':' ? strtod(end + 1, &end) : -1;
+		if (*end || queue > 65535 || !(delay >= 0 && delay <= 10)) {
+			fprintf(stderr, "delay line: argument %zu (%s): want QUEUE:SECONDS, queue 0-65535, 0-10 s\n",
+				k + 1, argv[k + 1]);
+			exit(2);
+		}
+		paths[k] = (struct path){.queue = (uint16_t)queue, .delay_ns = (uint64_t)(delay * 1e9 + 0.5),
+					 .heap_pos = SIZE_MAX};
+	}
+}
+
+/* Timer wake-ups are the delay's error: 1 ns slack instead of 50 us, a real-time priority,
+ * and no page faults. Without the privileges (a container) it runs, less precise. */
+static void tighten_timers(void)
+{
+	prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+	struct sched_param param = {.sched_priority = REALTIME_PRIORITY};
+	if (sched_setscheduler(0, SCHED_FIFO, &param) < 0)
+		fprintf(stderr, "delay line: no real-time priority (%s); releases may be late under load\n",
+			strerror(errno));
+	mlockall(MCL_CURRENT | MCL_FUTURE);
+}
+
+/* A socket per queue: a large lab has more queues than the default 1,024 descriptors. */
+static void raise_fd_limit(void)
+{
+	struct rlimit lim;
+	rlim_t want = (rlim_t)npaths + 64;
+	if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < want) {
+		lim.rlim_cur = want;
+		if (lim.rlim_max < want)
+			lim.rlim_max = want;
+		if (setrlimit(RLIMIT_NOFILE, &lim) < 0)
+			die("raising the open-file limit for one socket per queue");
+	}
+}
+
+static void on_signal(int sig)
+{
+	if (sig == SIGUSR1)
+		report_asked = 1;
+	else
+		stop_asked = 1;
+}
+
+int main(int argc, char **argv)
+{
+	parse_args(argc, argv);
+	signal(SIGPIPE, SIG_IGN);
+	struct sigaction action = {.sa_handler = on_signal}; /* no SA_RESTART: a wait ends at once */
+	sigaction(SIGUSR1, &action, NULL);
+	sigaction(SIGTERM, &action, NULL);
+	sigaction(SIGINT, &action, NULL);
+	tighten_timers();
+	raise_fd_limit();
+	/* The kernel stamps packets on receive only while some socket asks for stamps (a global
+	 * switch); hold one open so that every queued packet carries NFQA_TIMESTAMP. */
+	int stamps = socket(AF_INET, SOCK_DGRAM, 0), on = 1;
+	if (stamps < 0 || setsockopt(stamps, SOL_SOCKET, SO_TIMESTAMPNS_OPT, &on, sizeof(on)) < 0)
+		die("enabling receive timestamps");
+
+	int ep_all = epoll_create1(0), ep_prompt = epoll_create1(0);
+	if (ep_all < 0 || ep_prompt < 0)
+		die("epoll_create1");
+	for (size_t k = 0; k < npaths; k++) {
+		bind_queue(&paths[k]);
+		int fd = mnl_socket_get_fd(paths[k].nl);
+		struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &paths[k]};
+		if (epoll_ctl(ep_all, EPOLL_CTL_ADD, fd, &ev) < 0 ||
+		    (paths[k].delay_ns < LAZY_DELAY_NS && epoll_ctl(ep_prompt, EPOLL_CTL_ADD, fd, &ev) < 0))
+			die("epoll_ctl");
+	}
+	printf("ready\n");
+	fflush(stdout);
+
+	uint64_t last_read = 0;
+	while (!stop_asked) {
+		if (report_asked) {
+			report_asked = 0;
+			print_stats();
+		}
+		uint64_t now = clock_ns(CLOCK_MONOTONIC), next = release_due(now);
+		if (next)
+			wait_until(ep_prompt, next < last_read + LAZY_READ_NS ? next : last_read + LAZY_READ_NS, now);
+		stats.wakeups++;
+		read_ready(ep_all, next ? 0 : -1); /* nothing held: wait for any packet */
+		last_read = clock_ns(CLOCK_MONOTONIC);
+	}
+	print_stats();
+	return 0;
+}
