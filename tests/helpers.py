@@ -28,6 +28,17 @@ def topology(text: str) -> Topology:
     return Topology.model_validate(yaml.safe_load(text))
 
 
+# Two hosts in each of three regions: the fleet tests' mesh (test_fleet_lab.py, test_rollout_chaos.py).
+SIX_HOSTS_THREE_REGIONS = topology("""
+hosts:
+  - {name: a1, region: r1}
+  - {name: a2, region: r1}
+  - {name: b1, region: r2}
+  - {name: b2, region: r2}
+  - {name: c1, region: r3}
+  - {name: c2, region: r3}
+""")
+
 # A server, one peer of it and a stranger: who may reach the server's iperf3 (test_firewall.py,
 # test_iperf3_admission.py). The server is the second host.
 PEER_SERVER_STRANGER = topology("""

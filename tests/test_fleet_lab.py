@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from helpers import scrape, start_exporter, topology, value, wait_for
+from helpers import SIX_HOSTS_THREE_REGIONS, scrape, start_exporter, value, wait_for
 from pathprobe import promql
 from pathprobe.monitoring import prometheus, rules
 from pathprobe_lab import demo, net
@@ -32,15 +32,7 @@ from pathprobe_lab.configs import exporter_config, lab_alert_params, scrape_targ
 from pathprobe_lab.state import spawn
 from pathprobe_lab.topology import address
 
-TOPO = topology("""
-hosts:
-  - {name: a1, region: r1}
-  - {name: a2, region: r1}
-  - {name: b1, region: r2}
-  - {name: b2, region: r2}
-  - {name: c1, region: r3}
-  - {name: c2, region: r3}
-""")
+TOPO = SIX_HOSTS_THREE_REGIONS
 NEW = "c2"  # joins the mesh of the other five
 SLOT = 6.0
 ROTATION = 5 * SLOT  # 5 and 6 members: 5 rounds each

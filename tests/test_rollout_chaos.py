@@ -26,20 +26,12 @@ from typing import Any
 import pytest
 import yaml
 
-from helpers import Samples, scrape, start_exporter, topology, value, wait_for
+from helpers import SIX_HOSTS_THREE_REGIONS, Samples, scrape, start_exporter, value, wait_for
 from pathprobe_lab import net
 from pathprobe_lab.configs import METRICS_PORT, exporter_config
 from pathprobe_lab.topology import address
 
-TOPO = topology("""
-hosts:
-  - {name: a1, region: r1}
-  - {name: a2, region: r1}
-  - {name: b1, region: r2}
-  - {name: b2, region: r2}
-  - {name: c1, region: r3}
-  - {name: c2, region: r3}
-""")
+TOPO = SIX_HOSTS_THREE_REGIONS
 HOSTS = [h.name for h in TOPO.hosts]
 SLOT = 6.0  # one test of 1 s and its margin in each half
 REFRESH = 5.0  # web.Snapshot's refresh
