@@ -155,8 +155,9 @@ class ThroughputTurns:
                 self.results.skip(peer.name, "slot_over")
                 return
             before = await asyncio.to_thread(ena.read, self.interface)
-            with self._in_test(peer.name, spec):
+            with self._in_test(peer.name, spec) as outcome_of:
                 outcome = await self.make_prober(target, test, TestSink(self.results, key)).run()
+                outcome_of[0] = "ran" if isinstance(outcome, ThroughputResult) else str(outcome)
             if outcome == "busy":
                 await asyncio.sleep(random.uniform(1, 3))
                 continue
@@ -180,16 +181,19 @@ class ThroughputTurns:
         self.budget.spend(result.moved_bytes())
 
     @contextlib.contextmanager
-    def _in_test(self, peer: str, key: TestSpec) -> Iterator[None]:
-        # The test's span in the log (Unix seconds): when it held this host and the peer.
+    def _in_test(self, peer: str, key: TestSpec) -> Iterator[list[str]]:
+        # The test's span in the log (Unix seconds), and its outcome: "ran", or the reason it did not
+        # (a test the peer's server cut as it connected, e.g. out of turn, never held the peer).
         self._running_since = started = self.clock()
+        outcome = ["error"]
         try:
-            yield
+            yield outcome
         finally:
             self._running_since = None
             ended = self.clock()
             self._ran.append((started, ended + DRAIN_SECONDS))
-            log.info("throughput test -> %s %s: from %.3f to %.3f", peer, "/".join(key), started, ended)
+            log.info("throughput test -> %s %s: from %.3f to %.3f (%s)", peer, "/".join(key), started, ended,
+                     outcome[0])  # fmt: skip
 
     def test(self, peer: Peer, s: ThroughputSettings, key: TestSpec) -> ThroughputTest:
         protocol, streams, direction = key
