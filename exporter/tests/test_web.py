@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from pathprobe.config import BasicAuth, TlsSettings, WebSettings
-from pathprobe.web import Snapshot, make_app, serve
+from pathprobe.web import Limits, Snapshot, make_app, serve
 
 
 def call(app: Any, path: str = "/metrics", auth: str | None = None) -> tuple[str, bytes]:
@@ -241,8 +241,9 @@ def test_32_concurrent_tls_scrapes_all_succeed(secured: WebSettings) -> None:
 
 def test_idle_connections_are_closed_after_the_timeout_plain_and_tls(secured: WebSettings) -> None:
     plain = WebSettings(listen="127.0.0.1:0")
+    quick = Limits(handshake_seconds=0.5, request_seconds=0.5)
     for settings in (plain, secured):
-        with running(settings, io_timeout=0.5) as (server, port):
+        with running(settings, limits=quick) as (server, port):
             with socket.create_connection(("127.0.0.1", port)) as idle:
                 assert closed_by_server(idle, within=5.0)
             assert scrape(port, tls=settings.tls is not None)[0] == 200
@@ -250,8 +251,9 @@ def test_idle_connections_are_closed_after_the_timeout_plain_and_tls(secured: We
             assert refusals(server, reason) >= 1
 
 
-def test_a_trickling_client_is_cut_at_the_deadline() -> None:
-    with running(WebSettings(listen="127.0.0.1:0"), io_timeout=1.0, deadline=1.0) as (server, port):
+def test_a_trickling_client_is_cut_at_the_request_deadline() -> None:
+    # The deadline covers the whole request, not each read: a byte every 0.2 s gains nothing.
+    with running(WebSettings(listen="127.0.0.1:0"), limits=Limits(request_seconds=1.0)) as (server, port):
         with socket.create_connection(("127.0.0.1", port)) as slow:
             start = time.monotonic()
             closed = False
@@ -261,26 +263,93 @@ def test_a_trickling_client_is_cut_at_the_deadline() -> None:
                 except OSError:
                     closed = True
                     break
-                if closed_by_server(slow, within=0.2):  # a byte every 0.2 s beats the 1 s read timeout
+                if closed_by_server(slow, within=0.2):
                     closed = True
                     break
-            assert closed and time.monotonic() - start < 5.0
-        assert refusals(server, "deadline") == 1
+            assert closed and time.monotonic() - start < 3.0
+        assert refusals(server, "timeout") == 1
         assert scrape(port, tls=False, auth=None)[0] == 200
 
 
-def test_workers_are_bounded_and_serve_again_when_idle_clients_go() -> None:
+def test_a_connection_past_its_deadline_is_cut() -> None:
+    limits = Limits(request_seconds=5.0, deadline_seconds=0.5)
+    with running(WebSettings(listen="127.0.0.1:0"), limits=limits) as (server, port):
+        with socket.create_connection(("127.0.0.1", port)) as slow:
+            slow.sendall(b"GET /metrics HTTP/1.1\r\n")
+            assert closed_by_server(slow, within=3.0)
+        assert refusals(server, "deadline") == 1
+
+
+def test_idle_connections_take_no_worker_and_scrapes_answer_at_once() -> None:
     before = threading.active_count()
-    with running(WebSettings(listen="127.0.0.1:0"), io_timeout=0.5, max_workers=4) as (server, port):
-        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+    with running(WebSettings(listen="127.0.0.1:0")) as (_, port):
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(300)]
         try:
-            peak = threading.active_count()
-            assert peak - before <= 4 + 3  # the workers, the serving thread, the reaper, the renderer
-            assert scrape(port, tls=False, auth=None, timeout=15.0)[0] == 200
+            for _ in range(5):
+                start = time.monotonic()
+                assert scrape(port, tls=False, auth=None, timeout=1.0)[0] == 200
+                assert time.monotonic() - start < 1.0
+            # the server's loop, the renderer and its workers (4): none per connection
+            assert threading.active_count() - before <= 6
         finally:
             for s in idle:
                 s.close()
-        assert refusals(server, "timeout", "busy") >= 1
+
+
+def connect_from(source: str, port: int) -> socket.socket:
+    s = socket.socket()
+    s.bind((source, 0))
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def test_a_source_at_its_cap_displaces_its_oldest_idle_connection_not_the_scrape() -> None:
+    with running(WebSettings(listen="127.0.0.1:0"), limits=Limits(per_source=4)) as (server, port):
+        idle = [connect_from("127.0.0.1", port) for _ in range(10)]  # the scraper's own address
+        try:
+            assert all(closed_by_server(s, within=2.0) for s in idle[:6])  # the 6 oldest, displaced
+            assert not closed_by_server(idle[-1], within=0.1)
+            assert scrape(port, tls=False, auth=None, timeout=1.0)[0] == 200
+            assert refusals(server, "source_limit", at_least=7) == 7  # and one more for the scrape
+        finally:
+            for s in idle:
+                s.close()
+
+
+def test_at_the_overall_cap_the_busiest_source_gives_way() -> None:
+    with running(WebSettings(listen="127.0.0.1:0"), limits=Limits(connections=8)) as (server, port):
+        idle = [connect_from("127.0.0.2", port) for _ in range(6)] + [connect_from("127.0.0.3", port)]
+        idle += [connect_from("127.0.0.4", port) for _ in range(3)]
+        try:
+            assert closed_by_server(idle[0], within=2.0) and closed_by_server(idle[1], within=2.0)
+            assert not closed_by_server(idle[6], within=0.1)  # 127.0.0.3's one connection stays
+            assert scrape(port, tls=False, auth=None, timeout=1.0)[0] == 200
+            assert refusals(server, "busy", at_least=3) == 3
+        finally:
+            for s in idle:
+                s.close()
+
+
+def raw_exchange(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
+        s.sendall(request)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def test_head_bad_requests_and_bodies() -> None:
+    with running(WebSettings(listen="127.0.0.1:0", enable_lifecycle=True), reload=lambda: None) as (server, port):
+        head = raw_exchange(port, b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n") and head.endswith(b"\r\n\r\n")
+        assert b"Content-Length: " in head and b"Connection: close" in head
+        assert raw_exchange(port, b"NONSENSE\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+        assert raw_exchange(port, b"GET / HTTP/1.1\r\nno colon\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+        assert refusals(server, "bad_request", at_least=2) == 2
+        posted = raw_exchange(port, b"POST /-/reload HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc")
+        assert posted.startswith(b"HTTP/1.1 200 OK") and posted.endswith(b"config reloaded\n")
+        assert raw_exchange(port, b"GET /%6detrics HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.1 200 OK")
 
 
 def test_plain_http_on_the_tls_port_is_refused_and_counted(secured: WebSettings) -> None:

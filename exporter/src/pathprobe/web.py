@@ -12,45 +12,59 @@ counted (pathprobe_scrape_render_errors_total) and the last good snapshot is ser
 its age growing, until the next render (`refresh` later) succeeds: /metrics never answers
 500 for what the exporter holds.
 
-Connections are handled so that no client can hold the others off: the listening
-socket is never wrapped in TLS (the handshake of each connection runs in its own
-worker thread, under the socket timeout), every socket has a timeout for each read
-and write and a deadline for the whole connection, the listen backlog is 128, and
-at most `max_workers` connections are served at once (more wait for a worker up to
-a second, then are closed). Connections refused or cut short are counted in
-pathprobe_web_refused_total{reason}, rendered with the snapshot's trailer.
+Connections are handled as Go's net/http with ReadHeaderTimeout handles them, so that no
+client, idle, slow or many, can hold an authorized scrape off: the server's own event loop
+(a thread of its own, apart from the exporter's) accepts every connection and runs its TLS
+handshake and reads its request without blocking, each phase under its deadline (`Limits`);
+an idle connection costs a descriptor, never a worker. Only requests read whole go to a small
+pool of workers that run the app. Connections are capped per source address and in all; at a
+cap, a new connection displaces the oldest one still reading its request (of its own address
+first), so that a flood displaces itself and the scraper's next connection gets in. Connections
+refused, displaced or cut short are counted in pathprobe_web_refused_total{reason}, rendered
+with the snapshot's trailer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import concurrent.futures
+import contextlib
 import gzip
 import hmac
 import io
 import logging
+import resource
 import socket
 import ssl
 import threading
 import time
+import urllib.parse
+from asyncio import sslproto
 from collections import Counter
 from collections.abc import Callable, Iterable
-from socketserver import ThreadingMixIn
-from typing import TYPE_CHECKING, Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from .config import WebSettings
-
-if TYPE_CHECKING:
-    from _typeshed.wsgi import ErrorStream
 
 log = logging.getLogger(__name__)
 
 StartResponse = Callable[..., Any]
 
 
-REFUSED_REASONS = ("busy", "deadline", "timeout", "tls_handshake", "unauthorized", "header_too_large", "bad_request")
+REFUSED_REASONS = (
+    "busy",
+    "source_limit",
+    "deadline",
+    "timeout",
+    "tls_handshake",
+    "unauthorized",
+    "header_too_large",
+    "bad_request",
+)
 
 
 class Stats:
@@ -249,130 +263,314 @@ class _App:
         return [b"config reloaded\n"]
 
 
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    block_on_close = False
-    allow_reuse_address = True
-    request_queue_size = 128  # listen backlog (socketserver's default of 5 dropped concurrent scrapes)
-    # Set by serve() before the first connection:
-    ssl_context: ssl.SSLContext | None = None
-    stats: Stats
-    io_timeout = 10.0  # each read and write, the TLS handshake included
-    deadline = 60.0  # a whole connection
-    _slots: threading.BoundedSemaphore
+@dataclass(frozen=True)
+class Limits:
+    """What one connection to /metrics may hold, and for how long.
 
-    def configure(self, stats: Stats, io_timeout: float, deadline: float, max_workers: int) -> None:
-        self.stats, self.io_timeout, self.deadline = stats, io_timeout, deadline
-        self._slots = threading.BoundedSemaphore(max_workers)
-        self._lock = threading.Lock()
-        self._open: dict[int, float] = {}  # fd -> monotonic deadline of connections being served
-        self._stopped = threading.Event()
-        threading.Thread(target=self._reap, name="metrics-reaper", daemon=True).start()
+    As Go's net/http (ReadHeaderTimeout, a goroutine per connection, no pool to fill), an idle
+    or slow connection costs a descriptor and a coroutine on the server's event loop, never a
+    worker: workers only answer requests read whole. Each phase has its own deadline from the
+    moment it starts, so a client that trickles bytes gains nothing over one that sends none.
+    """
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        """In the serving thread: hand the connection to a worker, if one is free within a second."""
-        if not self._slots.acquire(timeout=1.0):
-            self.stats.refuse("busy")
-            self.shutdown_request(request)
+    handshake_seconds: float = 5.0  # the TLS handshake
+    request_seconds: float = 5.0  # request line, headers and body, once the handshake is done
+    write_seconds: float = 10.0  # the whole response (a 500-peer exposition is 9 MB ungzipped)
+    deadline_seconds: float = 60.0  # the whole connection
+    # Open at once from one address: at the cap a new connection takes the place of that
+    # address's oldest one still reading its request, so a flood from one address only
+    # displaces its own connections, and a scraper sharing it still gets in.
+    per_source: int = 128  # above a burst of 64 concurrent scrapes from one address, which it would cut
+    # Open at once in all (0: half the descriptor limit, 64 to 4096): at the cap the oldest
+    # connection still reading its request from the address holding the most goes.
+    connections: int = 0
+    workers: int = 4  # threads answering complete requests (a first render or a reload can take seconds)
+    max_head: int = 16 * 1024  # request line and headers (a scrape's are under 1 KiB)
+    max_body: int = 16 * 1024
+
+
+class _Refusal(Exception):
+    """A request refused before the app: counted under `reason`, answered with `status`."""
+
+    def __init__(self, reason: str, status: str):
+        super().__init__(status)
+        self.reason, self.status = reason, status
+
+
+class _Conn:
+    """One accepted connection: its source, its task, and whether it may still be displaced."""
+
+    __slots__ = ("evicted", "reading", "source", "task", "writer")
+
+    def __init__(self, source: str, task: asyncio.Task[None], writer: asyncio.StreamWriter):
+        self.source, self.task, self.writer = source, task, writer
+        self.reading = True  # handshake or request not done yet: the connection may be displaced
+        self.evicted = False
+
+
+def _response(status: str, headers: list[tuple[str, str]], body: bytes, head_only: bool = False) -> bytes:
+    names = {name.lower() for name, _ in headers}
+    extra = [] if "content-length" in names else [("Content-Length", str(len(body)))]
+    lines = [f"HTTP/1.1 {status}", *(f"{n}: {v}" for n, v in [*headers, *extra]), "Connection: close", "", ""]
+    return "\r\n".join(lines).encode("latin-1") + (b"" if head_only else body)
+
+
+def _parse_head(head: bytes) -> tuple[str, str, str, list[tuple[str, str]]]:
+    """Method, target, version and headers of a request head (ending in CRLF CRLF)."""
+    lines = head.decode("latin-1").split("\r\n")[:-2]
+    parts = lines[0].split(" ") if lines else []
+    if len(parts) != 3 or not parts[0].isalpha() or not parts[2].startswith("HTTP/1."):
+        raise _Refusal("bad_request", "400 Bad Request")
+    if len(lines) > 101:  # http.server's limit of 100 headers
+        raise _Refusal("header_too_large", "431 Request Header Fields Too Large")
+    headers = []
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        if not colon or not name or name != name.strip():  # no folded or malformed lines
+            raise _Refusal("bad_request", "400 Bad Request")
+        headers.append((name, value.strip()))
+    return parts[0], parts[1], parts[2], headers
+
+
+async def _read_request(reader: asyncio.StreamReader, limits: Limits, source: str) -> dict[str, Any] | None:
+    """The WSGI environ of the next request; None when the client closed before sending one."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.LimitOverrunError as exc:  # the head is over `max_head`: the reader's limit
+        raise _Refusal("header_too_large", "431 Request Header Fields Too Large") from exc
+    except asyncio.IncompleteReadError:
+        return None
+    method, target, version, headers = _parse_head(head)
+    path, _, query = target.partition("?")
+    environ: dict[str, Any] = {
+        "REQUEST_METHOD": method, "PATH_INFO": urllib.parse.unquote(path, "latin-1"), "QUERY_STRING": query,
+        "SERVER_PROTOCOL": version, "REMOTE_ADDR": source, "wsgi.url_scheme": "http",
+    }  # fmt: skip
+    for name, value in headers:
+        key = name.upper().replace("-", "_")
+        key = key if key in ("CONTENT_TYPE", "CONTENT_LENGTH") else "HTTP_" + key
+        environ[key] = f"{environ[key]},{value}" if key in environ else value
+    if "HTTP_TRANSFER_ENCODING" in environ:  # nothing here takes a chunked body
+        raise _Refusal("bad_request", "411 Length Required")
+    length = environ.get("CONTENT_LENGTH", "0")
+    if not length.isdigit() or int(length) > limits.max_body:
+        raise _Refusal("bad_request", "413 Content Too Large")
+    environ["wsgi.input"] = io.BytesIO(await reader.readexactly(int(length)))
+    return environ
+
+
+WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+
+# asyncio gives every TLS connection a 256 KiB read buffer, filled on allocation: 64 idle TLS
+# connections held 16 MiB, 4,096 would hold 1 GiB. One read never yields more than a TLS record
+# (16 KiB); nothing else in the exporter speaks TLS through asyncio.
+sslproto.SSLProtocol.max_size = 16 * 1024
+
+
+def answer(app: WsgiApp, environ: dict[str, Any]) -> bytes:
+    """The app's whole response to one request, as bytes on the wire (in a worker thread)."""
+    started: list[Any] = []
+    try:
+        body = b"".join(app(environ, lambda status, headers, exc_info=None: started.extend((status, headers))))
+    except Exception:
+        log.exception("metrics: answering %s %s failed", environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"))
+        return _response("500 Internal Server Error", [("Content-Type", "text/plain")], b"Internal error\n")
+    return _response(started[0], list(started[1]), body, head_only=environ["REQUEST_METHOD"] == "HEAD")
+
+
+def default_connections() -> int:
+    """Half the descriptors this process may open, 64 to 4096: the other half for probes and responders."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return 4096 if soft == resource.RLIM_INFINITY else max(64, min(4096, soft // 2))
+
+
+def raise_fd_limit() -> None:
+    """The soft descriptor limit up to the hard one, as Go's runtime does at start: systemd's
+    soft default of 1024 would cap /metrics' connections at 512."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.debug("cannot raise the descriptor limit to %d: %s", target, exc)
+
+
+class MetricsServer:
+    """The /metrics server: its own event loop in a daemon thread accepts and reads every
+    connection (TLS handshake included) without blocking on any, and hands requests read whole
+    to a small pool of workers that run the app."""
+
+    def __init__(
+        self, listener: socket.socket, app: WsgiApp, *, stats: Stats, ssl_context: ssl.SSLContext | None,
+        limits: Limits,
+    ) -> None:  # fmt: skip
+        self.listener, self.app, self.stats, self.ssl_context, self.limits = listener, app, stats, ssl_context, limits
+        self.server_address = listener.getsockname()
+        self.max_connections = limits.connections or default_connections()
+        self._by_source: dict[str, list[_Conn]] = {}  # oldest first
+        self._tasks: set[asyncio.Task[None]] = set()  # every connection's, closing ones included
+        self._open = 0
+        self._pool = concurrent.futures.ThreadPoolExecutor(limits.workers, thread_name_prefix="metrics-worker")
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.Server | None = None
+        started: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._run, args=(started,), name="metrics-http", daemon=True)
+        self._thread.start()
+        started.result(timeout=10)
+
+    def _run(self, started: concurrent.futures.Future[None]) -> None:
+        try:
+            self._server = self._loop.run_until_complete(
+                asyncio.start_server(self._connection, sock=self.listener, limit=self.limits.max_head, backlog=1024)
+            )
+        except BaseException as exc:
+            started.set_exception(exc)
             return
-        try:
-            with self._lock:
-                self._open[request.fileno()] = time.monotonic() + self.deadline
-            super().process_request(request, client_address)
-        except BaseException:
-            self._forget(request.fileno())
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        """In a worker: TLS handshake (under the timeout), then the HTTP exchange."""
-        fd = request.fileno()
-        conn = request
-        try:
-            request.settimeout(self.io_timeout)
-            if self.ssl_context is not None:
-                try:
-                    conn = self.ssl_context.wrap_socket(request, server_side=True)
-                except OSError as exc:  # ssl.SSLError, a timeout, a reset: one client's problem
-                    self.stats.refuse("tls_handshake")
-                    log.debug("metrics: TLS handshake with %s failed: %s", client_address, exc)
-                    return
-            self.finish_request(conn, client_address)
-        except TimeoutError as exc:  # reading the request (writes time out inside wsgiref's handler)
-            self.stats.refuse("timeout")
-            log.debug("metrics: connection from %s: %s", client_address, exc)
-        except OSError as exc:  # resets, a connection cut at its deadline
-            log.debug("metrics: connection from %s: %s", client_address, exc)
-        except Exception:
-            self.handle_error(conn, client_address)
-        finally:
-            self._forget(fd)  # before the close: the reaper must never touch a reused descriptor
-            self.shutdown_request(conn)
-            self._slots.release()
-
-    def _forget(self, fd: int) -> None:
-        with self._lock:
-            self._open.pop(fd, None)
-
-    def _reap(self) -> None:
-        """Cut connections past their deadline (a client that trickles bytes beats a per-read timeout)."""
-        while not self._stopped.wait(0.25):
-            now = time.monotonic()
-            with self._lock:
-                for fd, deadline in list(self._open.items()):
-                    if now > deadline:
-                        del self._open[fd]
-                        self.stats.refuse("deadline")
-                        sock = socket.socket(fileno=fd)
-                        try:
-                            sock.shutdown(socket.SHUT_RDWR)  # wakes the worker; it closes the socket
-                        except OSError:
-                            pass
-                        finally:
-                            sock.detach()
+        started.set_result(None)
+        self._loop.run_forever()
 
     def shutdown(self) -> None:
-        self._stopped.set()
-        super().shutdown()
+        """Stops serving: the listener and every connection closed, the loop stopped."""
+        if self._loop.is_closed():
+            return
+        if self._thread.is_alive():
+            with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
+                asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(timeout=5)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if not self._thread.is_alive():
+            self._loop.close()
+        self.listener.close()
+
+    def server_close(self) -> None:
+        self.listener.close()
+
+    async def _stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # --- room for a new connection -----------------------------------------------------------
+
+    def _admit(self, conn: _Conn) -> str | None:
+        """Room for `conn`, displacing a connection still reading its request where a cap is
+        reached; the reason it is refused when there is none to displace (all are being answered)."""
+        mine = self._by_source.get(conn.source, [])
+        if len(mine) >= self.limits.per_source and not self._evict(mine, "source_limit"):
+            return "source_limit"
+        if self._open >= self.max_connections:
+            busiest = sorted(self._by_source.values(), key=len, reverse=True)
+            if not any(self._evict(conns, "busy") for conns in busiest):
+                return "busy"
+        self._by_source.setdefault(conn.source, []).append(conn)
+        self._open += 1
+        return None
+
+    def _evict(self, conns: list[_Conn], reason: str) -> bool:
+        """Closes the oldest of `conns` still reading its request, counted under `reason`."""
+        victim = next((c for c in conns if c.reading), None)
+        if victim is None:
+            return False
+        self._release(victim)
+        victim.evicted = True
+        self.stats.refuse(reason)
+        victim.writer.transport.abort()
+        victim.task.cancel()
+        return True
+
+    def _release(self, conn: _Conn) -> None:
+        conns = self._by_source.get(conn.source)
+        if conns is not None and conn in conns:
+            conns.remove(conn)
+            self._open -= 1
+            if not conns:
+                del self._by_source[conn.source]
+
+    # --- one connection ----------------------------------------------------------------------
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        peer = writer.get_extra_info("peername")
+        conn = _Conn(str(peer[0]) if peer else "?", task, writer)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        refused = self._admit(conn)
+        if refused is not None:
+            self.stats.refuse(refused)
+            writer.transport.abort()
+            return
+        clean = False
+        try:
+            async with asyncio.timeout(self.limits.deadline_seconds) as whole:
+                clean = await self._exchange(conn, reader, writer)
+        except asyncio.CancelledError:
+            if not conn.evicted:
+                raise
+            task.uncancel()  # displaced by a newer connection: counted, nothing more to do
+        except TimeoutError:
+            self.stats.refuse("deadline" if whole.expired() else "timeout")
+        except (OSError, asyncio.IncompleteReadError) as exc:  # resets, a client gone mid-request
+            log.debug("metrics: connection from %s: %s", conn.source, exc)
+        finally:
+            self._release(conn)
+            if not clean or conn.evicted:
+                writer.transport.abort()
+        if clean:
+            await _close(writer)
+
+    async def _exchange(self, conn: _Conn, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """TLS handshake, request, answer, each under its deadline; True once the answer is out whole.
+        A phase past its deadline raises TimeoutError (counted as `timeout`)."""
+        if self.ssl_context is not None and not await self._handshake(conn, writer):
+            return False
+        try:
+            async with asyncio.timeout(self.limits.request_seconds):
+                environ = await _read_request(reader, self.limits, conn.source)
+            if environ is None:
+                return False
+            environ["wsgi.url_scheme"] = "https" if self.ssl_context is not None else "http"
+            conn.reading = False
+            response = await self._loop.run_in_executor(self._pool, answer, self.app, environ)
+        except _Refusal as refusal:
+            self.stats.refuse(refusal.reason)
+            response = _response(refusal.status, [("Content-Type", "text/plain")], refusal.status.encode() + b"\n")
+        async with asyncio.timeout(self.limits.write_seconds):
+            writer.write(response)
+            await writer.drain()
+        return True
+
+    async def _handshake(self, conn: _Conn, writer: asyncio.StreamWriter) -> bool:
+        assert self.ssl_context is not None
+        try:
+            async with asyncio.timeout(self.limits.handshake_seconds):
+                await writer.start_tls(self.ssl_context)
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError, a timeout, a reset: one client's problem
+            self.stats.refuse("tls_handshake")
+            log.debug("metrics: TLS handshake with %s failed: %r", conn.source, exc)
+            return False
+        return True
 
 
-class _Server6(_Server):
-    address_family = socket.AF_INET6
+async def _close(writer: asyncio.StreamWriter) -> None:
+    """Closes after a whole answer (a TLS close_notify included), cut after a second if the client
+    does not take it: a descriptor is never held past the connection's accounting for long."""
+    writer.close()
+    try:
+        async with asyncio.timeout(1.0):
+            await writer.wait_closed()
+    except (OSError, TimeoutError):
+        writer.transport.abort()
 
 
-class _QuietHandler(WSGIRequestHandler):
-    server: _Server
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        log.debug(format, *args)
-
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """http.server refuses a request it cannot parse before the app sees it: a request or
-        header line over 64 KiB (414, 431), too many headers, a malformed request line (400)."""
-        self.server.stats.refuse("header_too_large" if code in (414, 431) else "bad_request")
-        super().send_error(code, message, explain)
-
-    def get_stderr(self) -> ErrorStream:
-        """Where wsgiref writes the traceback of a failed response (e.g. a write timeout): the debug log."""
-        return _DebugLog()
-
-
-class _DebugLog(io.TextIOBase):
-    def write(self, text: str) -> int:
-        if text.strip():
-            log.debug("metrics: %s", text.rstrip())
-        return len(text)
-
-
-def serve(  # noqa: PLR0913 - keyword-only: the server's limits, with their defaults
-    settings: WebSettings,
-    registry: CollectorRegistry,
-    *,
-    reload: Reload | None = None,
-    io_timeout: float = 10.0,
-    deadline: float = 60.0,
-    max_workers: int = 64,
-) -> WSGIServer:
+def serve(
+    settings: WebSettings, registry: CollectorRegistry, *, reload: Reload | None = None, limits: Limits | None = None
+) -> MetricsServer:
     """Start the metrics server in a daemon thread; returns it for shutdown()."""
     auth = None
     if settings.basic_auth:
@@ -383,12 +581,14 @@ def serve(  # noqa: PLR0913 - keyword-only: the server's limits, with their defa
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.load_cert_chain(str(settings.tls.cert_file), str(settings.tls.key_file))
     host, port = settings.address()
-    server_class = _Server6 if ":" in host else _Server
+    # Bound here, not in the server's thread: a taken port is the caller's OSError.
+    listener = socket.create_server(
+        (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=1024, reuse_port=False
+    )
     stats = Stats()
     app = make_app(Snapshot(registry, stats=stats), auth, reload if settings.enable_lifecycle else None)
-    server = make_server(host, port, app, server_class, _QuietHandler)
-    assert isinstance(server, _Server)
-    server.ssl_context = ctx
-    server.configure(stats, io_timeout, deadline, max_workers)
-    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
-    return server
+    try:
+        return MetricsServer(listener, app, stats=stats, ssl_context=ctx, limits=limits or Limits())
+    except BaseException:
+        listener.close()
+        raise

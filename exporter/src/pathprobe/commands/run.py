@@ -16,7 +16,7 @@ from typing import Any
 from .. import __version__, config, limits, responders
 from ..exporter import Exporter, host_max_mtu
 from ..metrics import registry
-from ..web import serve
+from ..web import raise_fd_limit, serve
 from .common import EXIT_BAD_INPUT, EXIT_PROBE_FAILED, stop_on_signals
 
 log = logging.getLogger("pathprobe")
@@ -106,6 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         return asyncio.run_coroutine_threadsafe(on_loop(), running[0]).result(RELOAD_WAIT_SECONDS)
 
+    raise_fd_limit()  # before any connection: /metrics' cap on connections follows it
     try:
         server = serve(cfg.web, registry(exporter.rooms), reload=reload_from_web)
     except OSError as exc:  # a taken port, an unusable certificate (ssl.SSLError)
