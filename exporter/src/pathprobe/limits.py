@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -41,6 +42,16 @@ GBPS = 1e9
 # on this project's lab (kernel 6.18, veth, MTU 1500) in-flight data measured 0.78
 # of the smaller of the receiver's tcp_rmem max and the sender's tcp_wmem max.
 SHARE_SINCE_6_6 = 0.78
+# Before 6.6: the advertised share is 1 - 2^-tcp_adv_win_scale, and the scale's default is 1.
+ADV_WIN_SCALE_DEFAULT = 1
+# The sender's side is not governed by tcp_adv_win_scale on any kernel: its in-flight data
+# is limited by tcp_wmem max x payload/truesize, the ratio 6.6+ also advertises. The lab's
+# 0.78 is the only measurement of it the project has (MTU 1500; MTU 9001 is likely higher).
+SEND_SHARE = SHARE_SINCE_6_6
+# Limits AWS documents as a floor to plan on but that paths were measured above (a 48-vCPU
+# instance 71 Gbps inter-region against a documented 37.5: docs/SOURCES.md): left out of
+# the ceiling (Expected.ceiling_*), kept in the floor.
+FLOOR_ONLY = frozenset({"region_cap"})
 
 
 class Source(BaseModel):
@@ -144,6 +155,27 @@ class Expected:
     def floor_bits_per_second(self) -> float:
         return self.bits_per_second
 
+    @property
+    def ceiling_limit(self) -> str:
+        """The peak's binding limit among those that are ceilings (not FLOOR_ONLY)."""
+        c = {k: v for k, v in self.peak_candidates.items() if k not in FLOOR_ONLY} or dict(self.peak_candidates)
+        return min(c, key=lambda k: c[k])
+
+    @property
+    def ceiling_bits_per_second(self) -> float:
+        """The most a test may reach: the peak without the limits measured to be floors."""
+        return self.peak_candidates[self.ceiling_limit]
+
+
+def kernel_window_share(release: str, adv_win_scale: int = ADV_WIN_SCALE_DEFAULT) -> float:
+    """The advertised share of tcp_rmem max for a kernel family, not this host's (a plan
+    for hosts that do not exist yet): 1 - 2^-scale before 6.6, SHARE_SINCE_6_6 after.
+    Raises ValueError for a release without major.minor (never guess the family)."""
+    m = re.match(r"(\d+)\.(\d+)", release)
+    if m is None:
+        raise ValueError(f"{release!r} is not a kernel release (e.g. 6.1, 6.8.0-1015-aws)")
+    return window_share(f"{m[1]}.{m[2]}", adv_win_scale)
+
 
 def window_share(release: str | None = None, adv_win_scale: int | None = None) -> float:
     """The usable share of a TCP buffer on this kernel (see SHARE_SINCE_6_6)."""
@@ -203,8 +235,10 @@ def expected(  # noqa: PLR0913, PLR0917 - the model's inputs, each one a limit's
     sender_wmem_max: int | None = None,
     share: float | None = None,
     types: instance_types.Table | None = None,
+    send_share: float | None = None,
 ) -> Expected:
-    """The floor and the peak of one test from this host (`host_instance`) to `peer`."""
+    """The floor and the peak of one test from this host (`host_instance`) to `peer`.
+    `send_share`: the share of tcp_wmem max in flight (None: `share`, as the live review has it)."""
     t = limits or table()
     o = peer.limits
     if o.expected_bits_per_second:
@@ -219,7 +253,7 @@ def expected(  # noqa: PLR0913, PLR0917 - the model's inputs, each one a limit's
         if receiver_rmem_max:
             common["receive_window"] = buffer_bound(receiver_rmem_max, rtt_seconds, streams, share)
         if sender_wmem_max:
-            common["send_buffer"] = buffer_bound(sender_wmem_max, rtt_seconds, streams, share)
+            common["send_buffer"] = buffer_bound(sender_wmem_max, rtt_seconds, streams, send_share or share)
     if protocol == "udp" and udp_target:
         common["target_rate"] = udp_target
 

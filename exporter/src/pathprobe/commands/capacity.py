@@ -6,21 +6,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
-from .. import ena
+from .. import ena, instance_types, prediction
 from ..capacity import Review, Row, text_report
 from ..config import Iperf3Settings, Limits, PathClass, Peer, Responders, RttSettings, SteadyStateSettings, default
 from ..files import write_atomic
-from ..limits import expected, host_buffer_max, window_share
+from ..limits import ADV_WIN_SCALE_DEFAULT, SEND_SHARE, expected, host_buffer_max, kernel_window_share, window_share
 from ..probes import ProbeFailure, RttProber, Target, ThroughputProber, ThroughputTest
 from ..probes.report import ReportSink, RttReport, Summary
 from ..probes.steady import Detector
 from ..promql import query
 from ..report import html_report
-from ..units import parse_quantity
+from ..units import parse_duration, parse_quantity
 
 EXIT_REFUSED = 2
 BUSY_RETRIES = 5
@@ -58,10 +59,28 @@ def add_parser(sub: Any) -> None:
                    help="the target's TCP request/response port")  # fmt: skip
     c.add_argument("--json", action="store_true")
     c.add_argument("--report", help="write a self-contained HTML report here")
+    c.add_argument("--plan", help="a saved `--predict --json`: show the measurement beside it")
     c.add_argument("--from-prometheus", metavar="URL", help="build the review from stored history instead")
     c.add_argument("--peer", help="with --from-prometheus: the peer's name")
     c.add_argument("--host", dest="source_host", help="with --from-prometheus: the source host (target label)")
+    _add_predict_options(c)
     c.set_defaults(func=cmd_capacity)
+
+
+def _add_predict_options(c: Any) -> None:
+    p = c.add_argument_group("--predict: a plan from instance types, no target (docs/SOURCES.md for the defaults)")
+    p.add_argument("--predict", action="store_true", help="predict the sweep instead of measuring it")
+    p.add_argument("--from", dest="from_type", metavar="TYPE", help="the sender's EC2 instance type")
+    p.add_argument("--to", dest="to_type", metavar="TYPE", help="the receiver's EC2 instance type")
+    p.add_argument("--rtt", help="the path's RTT (e.g. 8ms)")
+    p.add_argument("--rmem-max", help=f"the receiver's tcp_rmem max (default {prediction.DEFAULT_RMEM_MAX}, Linux's)")
+    p.add_argument("--wmem-max", help=f"the sender's tcp_wmem max (default {prediction.DEFAULT_WMEM_MAX}, Linux's)")
+    p.add_argument("--kernel", default="6.1", help="the hosts' kernel release, for the window share's default "
+                   "(before 6.6: 1 - 2^-tcp_adv_win_scale; 6.6 on: 0.78)")  # fmt: skip
+    p.add_argument("--tcp-adv-win-scale", type=int, default=ADV_WIN_SCALE_DEFAULT,
+                   help="the receiver's tcp_adv_win_scale (kernels before 6.6)")  # fmt: skip
+    p.add_argument("--send-share", type=float, default=SEND_SHARE,
+                   help="share of tcp_wmem max the sender keeps in flight (payload/truesize)")  # fmt: skip
 
 
 def _fail(message: str, code: int = EXIT_REFUSED) -> int:
@@ -70,6 +89,8 @@ def _fail(message: str, code: int = EXIT_REFUSED) -> int:
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
+    if args.predict:
+        return cmd_predict(args)
     try:
         streams = sorted({int(s) for s in args.streams.split(",")})
         volume = parse_quantity(args.volume, "--volume")
@@ -80,6 +101,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         if not streams or min(streams) < 1 or max(streams) > 128:
             raise ValueError("--streams: counts from 1 to 128")
         overrides = _overrides(args.limit)
+        plan = prediction.read_plan(Path(args.plan)) if args.plan else None
     except ValueError as exc:
         return _fail(str(exc))
     # The limits read the path's class, the peer's instance type and the overrides (no address).
@@ -116,8 +138,73 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         row.expected = _expected(args, peer, row.streams, review, bitrate)
     if args.report:
         write_atomic(Path(args.report), html_report(review))
-    print(json.dumps(review.to_json(), indent=2) if args.json else text_report(review))
+    _print_review(review, plan, args.json)
     return 0 if review.measured() else 1
+
+
+def _print_review(review: Review, plan: dict[int, dict[str, Any]] | None, as_json: bool) -> None:
+    """The review, and with --plan each stream count beside what the plan predicted."""
+    beside = prediction.against_plan({r.streams: r.bits_per_second for r in review.rows}, plan) if plan else None
+    if as_json:
+        doc = review.to_json()
+        if beside is not None:
+            doc["against_plan"] = beside
+        print(json.dumps(doc, indent=2))
+    else:
+        print(text_report(review) + ("\n\n" + prediction.against_plan_text(beside) if beside is not None else ""))
+
+
+def _predict_inputs(args: argparse.Namespace) -> prediction.Inputs:
+    """The plan's inputs; a ValueError names the option at fault."""
+    if not args.from_type or not args.to_type or not args.rtt:
+        raise ValueError("--predict needs --from TYPE, --to TYPE and --rtt (e.g. 8ms)")
+    rtt = parse_duration(args.rtt, "--rtt")
+    if not 0 < rtt <= 10:
+        raise ValueError(f"--rtt: {args.rtt!r} is not an RTT above 0 and at most 10 s")
+    if not re.fullmatch(r"\d+\.\d+(\.\d+)?([-.+~].*)?", args.kernel):
+        raise ValueError(f"--kernel: {args.kernel!r} is not a kernel release (e.g. 6.1, 6.8.0-1015-aws)")
+    if not -4 <= args.tcp_adv_win_scale <= 4 or args.tcp_adv_win_scale == 0:
+        raise ValueError("--tcp-adv-win-scale: from -4 to 4, not 0 (the kernel's range)")
+    for opt, share in (("--window-share", args.window_share), ("--send-share", args.send_share)):
+        if share is not None and not 0 < share <= 1:
+            raise ValueError(f"{opt}: {share:g} is not a share above 0 and at most 1")
+    buffers = []
+    for opt, text, default_bytes in (("--rmem-max", args.rmem_max, prediction.DEFAULT_RMEM_MAX),
+                                     ("--wmem-max", args.wmem_max, prediction.DEFAULT_WMEM_MAX)):  # fmt: skip
+        size = int(parse_quantity(text, opt)) if text else default_bytes
+        if size < 4096:
+            raise ValueError(f"{opt}: {size} B is below the kernel's 4096 B minimum")
+        buffers.append(size)
+    share = args.window_share or kernel_window_share(args.kernel, args.tcp_adv_win_scale)
+    inputs = prediction.Inputs(args.from_type, args.to_type, PathClass(args.path_class), rtt, buffers[0],
+                               buffers[1], share, args.send_share, _overrides(args.limit))  # fmt: skip
+    unknown = prediction.unknown_types(inputs)
+    if unknown:
+        raise ValueError(f"unknown instance type {', '.join(unknown)} (not in the instance-type table: "
+                         f"{instance_types.load().cited()}; `pathprobe limits show TYPE` checks a name)")  # fmt: skip
+    return inputs
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    """The sweep the model predicts for two instance types: no target, nothing sent."""
+    try:
+        if args.target or args.from_prometheus:
+            raise ValueError("--predict takes no TARGET and no --from-prometheus")
+        streams = sorted({int(s) for s in args.streams.split(",")})
+        if not streams or min(streams) < 1 or max(streams) > 128:
+            raise ValueError("--streams: counts from 1 to 128")
+        volume = parse_quantity(args.volume, "--volume") if args.volume else None
+        if args.price_per_gb is not None and args.price_per_gb < 0:
+            raise ValueError("--price-per-gb: must not be negative")
+        inputs = _predict_inputs(args)
+    except ValueError as exc:
+        return _fail(str(exc))
+    rows = prediction.predict(inputs, streams)
+    if args.json:
+        print(json.dumps(prediction.to_json(inputs, rows, volume, args.price_per_gb), indent=2))
+    else:
+        print(prediction.text_report(inputs, rows, volume, args.price_per_gb))
+    return 0
 
 
 LIMIT_NAMES = ("per_flow", "instance", "instance_peak", "region_cap", "transit_gateway", "expected")
