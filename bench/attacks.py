@@ -1,7 +1,7 @@
 """Attacks on a running exporter's entry points, one after the other, each bounded in count
 and time, on loopback only: what each did, what the exporter counted, whether a peer's
 probes and an authorized scrape still worked right after, and the exporter's RSS and open
-fds before and after (issue 13's table).
+fds before and after (the attack table).
 
 Run: .venv/bin/python bench/attacks.py      (loopback only; about 40 s; needs openssl)
 

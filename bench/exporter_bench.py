@@ -3,7 +3,7 @@ exporter's CPU and memory idle and while probing 50 peers at 10 RTT/s each.
 
 Run: .venv/bin/python bench/exporter_bench.py   (loopback only; about 2.5 minutes)
      .venv/bin/python bench/exporter_bench.py --idle   (the idle-connection rows only; about 30 s)
-Targets (issue 2): scrape p99 < 20 ms, idle RSS < 60 MB, < 5% of one core for 50 peers;
+Targets: scrape p99 < 20 ms, idle RSS < 60 MB, < 5% of one core for 50 peers;
 with 1,000 idle connections from 10 addresses held open, scrape p99 as without them.
 """
 

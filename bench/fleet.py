@@ -1,4 +1,4 @@
-"""Fleet sizing without traffic (issue 16): for 50, 200 and 1,000 hosts across 5, 12 and 30
+"""Fleet sizing without traffic: for 50, 200 and 1,000 hosts across 5, 12 and 30
 regions, per peer-selection policy (exporter/src/pathprobe/mesh.py): peers per host, RTT
 probes/s per host, series per host, per regional Prometheus and in a global view of
 region-pair aggregates, throughput rotation time, and probe bytes per host and day (before

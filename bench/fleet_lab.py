@@ -1,4 +1,4 @@
-"""A real fleet in the lab (issue 16): N exporters (default 40) in network namespaces over R
+"""A real fleet in the lab: N exporters (default 40) in network namespaces over R
 regions, hierarchical peer selection (a full mesh in each region, 2 links per region pair),
 low probe rates (RTT 1/s, echo 1/s, MTU every 10 s; no throughput tests: they would measure
 this 2-core machine, not the exporters). Prints, per exporter: CPU share and RSS over a

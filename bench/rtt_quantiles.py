@@ -3,7 +3,7 @@ so the dashboards show (the exporter's windowed quantiles, which the recording r
 through unchanged) vs what the old histogram (30 buckets + histogram_quantile) showed.
 
 Run as root: .venv/bin/python bench/rtt_quantiles.py [--seconds 60]   (builds a lab; ~2 min)
-Target (issue 12): dashboard within 0.5% (or 0.05 ms, whichever is larger) of the raw
+Target: dashboard within 0.5% (or 0.05 ms, whichever is larger) of the raw
 quantile over the same window, 0.1 to 300 ms.
 """
 

@@ -1,4 +1,4 @@
-"""Issue 14's next step, measured: the steady-state detector (probes/steady.py) fed with the bytes
+"""Measured: the steady-state detector (probes/steady.py) fed with the bytes
 the receiver acknowledged (the kernel's tcpi_bytes_acked of the test's sockets, read with
 `ss -tin` every 0.1 s) instead of iperf3's sender-side intervals (what the prober reads today).
 
@@ -6,7 +6,7 @@ For each RTT (1, 8, 74, 150 ms), lab rate (200, 500 Mbit/s) and stream count (1,
 iperf3 test, both measures sampled during it; for each measure, where the detector would have
 stopped the test (replayed on the samples), its rate against that measure's own steady state
 (the test's last 5 s), and the share of the 10 s test's bytes moved by then.
-Target (issue 14): within 2% using at most 25% of the bytes.
+Target: within 2% using at most 25% of the bytes.
 
 Run as root: .venv/bin/python bench/steady_acked.py   (about 4 minutes; its own two-host lab)
 """

@@ -15,7 +15,7 @@ test's interval lines (iperf3 -i 0.1 -f k) as a trace (exporter/tests/fixtures/t
 holds one set). --replay DIR runs no test: the detector's decision on each recorded trace
 against that trace's own last 5 s (seconds, no lab; to try a detector change; these are
 iperf3's intervals, what the prober falls back on where no socket shows delivered bytes).
-Target (issue 14): within 2% of the steady state using at most 25% of a 10 s test's bytes,
+Target: within 2% of the steady state using at most 25% of a 10 s test's bytes,
 on every row up to 150 ms; rows that miss are marked.
 """
 

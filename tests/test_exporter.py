@@ -1,4 +1,4 @@
-"""The exporter against real peers in lab namespaces (issue 2's integration tests)."""
+"""The exporter against real peers in lab namespaces."""
 
 from __future__ import annotations
 

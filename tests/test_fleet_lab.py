@@ -1,4 +1,4 @@
-"""Issue 16 in the lab: a 6-host mesh in 3 regions, rolled from 5 to 6 members one host at a
+"""Fleet scale in the lab: a 6-host mesh in 3 regions, rolled from 5 to 6 members one host at a
 time by reloads (SIGHUP) with a shared epoch, under three regional Prometheus servers and a
 global one fed by remote write.
 

@@ -1,4 +1,4 @@
-"""Issue 13's attack suite against a real `pathprobe run` on loopback (bench/attacks.py, each
+"""The attack suite against a real `pathprobe run` on loopback (bench/attacks.py, each
 attack bounded in count and time): after every attack the exporter is up, a peer's probes
 and an authorized scrape still work, RSS and open fds stay within the bench's bound, and the
 table it prints shows what each attack was counted as (`pytest -s` prints it)."""

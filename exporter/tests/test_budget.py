@@ -73,7 +73,7 @@ def test_exhausted_budget_blocks_until_next_period(tmp_path: Path) -> None:
     ],
 )
 def test_a_corrupt_state_file_counts_the_day_as_spent(tmp_path: Path, content: bytes) -> None:
-    # Regression (issue 17.7): these crashed `run` with a traceback (null, [], "str", 1e400) or
+    # Regression: these crashed `run` with a traceback (null, [], "str", 1e400) or
     # granted a fresh allowance (garbage, a negative count). Now: the day counts as spent.
     state = tmp_path / "b.json"
     state.write_bytes(content)
@@ -117,7 +117,7 @@ def test_a_missing_state_file_starts_from_zero(tmp_path: Path) -> None:
 
 
 def test_a_clock_stepped_back_over_midnight_keeps_the_later_day(tmp_path: Path) -> None:
-    # Regression (issue 17.13): the budget of the day was reset when the clock went back.
+    # Regression: the budget of the day was reset when the clock went back.
     state = tmp_path / "b.json"
     now = [20001 * DAY + 5]  # 00:00:05 of the next day
     b = Budget(1000, state, clock=lambda: now[0])
@@ -136,7 +136,7 @@ def test_a_clock_stepped_back_over_midnight_keeps_the_later_day(tmp_path: Path) 
 def test_spend_never_raises_when_the_state_cannot_be_written(
     tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Regression (issue 17.3 trigger): an OSError from the write killed the throughput loop.
+    # Regression: an OSError from the write killed the throughput loop.
     state = tmp_path / "d" / "b.json"
     state.parent.mkdir()
     b = Budget(1000, state, clock=lambda: NOON)  # started fine; the path breaks while running

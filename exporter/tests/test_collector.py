@@ -322,7 +322,7 @@ def test_an_own_test_that_runs_past_the_window_keeps_samples_loaded(tmp_path: Pa
 
 @pytest.mark.parametrize("center", [0.0001, 0.0005, 0.008, 0.074, 0.150, 0.300])
 def test_exported_quantiles_are_within_half_a_percent_of_the_raw_ones(center: float) -> None:
-    # Issue 12's target: the exported p50/p99 within max(0.5%, 0.05 ms) of the raw samples'
+    # The target: the exported p50/p99 within max(0.5%, 0.05 ms) of the raw samples'
     # (the one-shot probe's own summary) over the same window, at any RTT from 0.1 to 300 ms.
     import random
 

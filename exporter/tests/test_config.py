@@ -123,7 +123,7 @@ def test_unreadable_file(tmp_path: Path) -> None:
         config.load(tmp_path / "missing.yaml")
 
 
-# --- issue 17.8: files that are not a configuration are a ConfigError (exit 2), never a traceback ---
+# --- files that are not a configuration are a ConfigError (exit 2), never a traceback ---
 
 LAUGHS = "".join([f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)])
 
@@ -231,7 +231,7 @@ peers:
 
 
 def test_a_key_given_twice_is_an_error_naming_both_lines(tmp_path: Path) -> None:
-    # Regression (issue 17.9): YAML's last key won silently (here: the host renamed).
+    # Regression: YAML's last key won silently (here: the host renamed).
     found = problems(tmp_path, MINIMAL + "host: {name: z, address: 198.18.1.9, region: r1}\n")
     assert found == [f"{tmp_path / 'pathprobe.yaml'}:4: key 'host' given twice (first on line 1)"]
     found = problems(tmp_path, MINIMAL.replace("{name: b,", "{name: b, name: c,"))
@@ -239,7 +239,7 @@ def test_a_key_given_twice_is_an_error_naming_both_lines(tmp_path: Path) -> None
 
 
 def test_an_ipv4_mapped_address_is_the_same_address(tmp_path: Path) -> None:
-    # Regression (issue 17.9): compared as strings, ::ffff:198.18.2.2 passed for a peer's 198.18.2.2.
+    # Regression: compared as strings, ::ffff:198.18.2.2 passed for a peer's 198.18.2.2.
     found = problems(tmp_path, MINIMAL.replace("address: 198.18.1.2", "address: '::ffff:198.18.2.2'"))
     assert "host and peer addresses must be unique; repeated: 198.18.2.2" in found[0]
 
@@ -264,7 +264,7 @@ def test_an_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_files_the_config_names_are_checked_on_request(tmp_path: Path) -> None:
-    # Regression (issue 17.9): a missing password or certificate passed check-config and broke `run`.
+    # Regression: a missing password or certificate passed check-config and broke `run`.
     (tmp_path / "cert.pem").write_text("x")
     (tmp_path / "keys").mkdir()
     text = MINIMAL + (
@@ -298,7 +298,7 @@ def test_an_unresolvable_listen_host_is_reported_by_the_check(tmp_path: Path) ->
 
 
 def test_the_mesh_checks_are_linear_in_peers() -> None:
-    # Issue 17.10: the duplicate checks were quadratic (names.count(n) for every name): 16,000
+    # The duplicate checks were quadratic (names.count(n) for every name): 16,000
     # peers took 4 s to validate against 0.1 s for 2,000 (42x for 8x the peers); linear is ~8x.
     # Timing figures for whole files are in the report, not here; this only tells the shapes apart.
     def seconds(n: int) -> float:

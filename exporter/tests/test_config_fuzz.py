@@ -1,4 +1,4 @@
-"""Config loader fuzzing (issue 17.8): whatever the file holds, loading gives a Config or a
+"""Config loader fuzzing: whatever the file holds, loading gives a Config or a
 ConfigError, never another exception. Bounded: a fixed number of examples, no deadline flakiness."""
 
 from pathlib import Path

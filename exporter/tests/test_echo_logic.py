@@ -206,7 +206,7 @@ def test_datagrams_the_full_queue_dropped_are_counted_as_overload() -> None:
 
 
 def test_a_refusing_port_counts_each_packet_once() -> None:
-    # Regression (issue 17.13): each ICMP "port unreachable" answered the oldest packet of any
+    # Regression: each ICMP "port unreachable" answered the oldest packet of any
     # flow, and packets were counted refused and lost both. Loopback sends an ICMP error per packet.
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))

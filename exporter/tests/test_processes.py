@@ -199,7 +199,7 @@ def iperf3_client(port: int, source: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_strangers_iperf3_test_is_cut_and_counted_and_a_peers_runs(ports: tuple[int, int]) -> None:
-    # Issue 13's report: `serve --allow 127.0.0.1/32`, a test from 127.0.0.2 ran at 19 Gbit/s.
+    # Found by an attack run: `serve --allow 127.0.0.1/32`, a test from 127.0.0.2 ran at 19 Gbit/s.
     rr, port = ports
     proc = subprocess.Popen(
         [*SERVE, "--allow", "127.0.0.1/32", "--rr-port", str(rr), "--echo-port", str(rr), "--iperf3-port", str(port)],

@@ -150,7 +150,7 @@ TRACES = sorted((Path(__file__).parent / "fixtures" / "traces").glob("*.txt"))
 @pytest.mark.parametrize("trace", TRACES, ids=lambda t: t.stem)
 def test_recorded_lab_traces_settle_early_and_one_stream_near_its_steady_state(trace: Path) -> None:
     # 10 s iperf3 tests recorded in the lab (bench/throughput_cost.py --record) at 1-150 ms,
-    # 200 and 500 Mbit/s, 1 and 4 streams. Issue 14's target is 2% with <= 25% of the bytes;
+    # 200 and 500 Mbit/s, 1 and 4 streams. The target is 2% with <= 25% of the bytes;
     # `bench/throughput_cost.py --replay` prints the rows that miss it (multi-stream today).
     first, *lines = trace.read_text().splitlines()
     _, streams, _, rtt = first.split()

@@ -49,7 +49,7 @@ def test_format_bits() -> None:
 @pytest.mark.parametrize("parse", [parse_quantity, parse_duration, parse_ratio])
 @pytest.mark.parametrize("bad", [None, [], {}, float("inf"), float("nan"), -float("inf"), 10**400, "1e999"])
 def test_anything_not_a_finite_number_is_a_value_error(parse: Any, bad: object) -> None:
-    # Regression (issue 17.8): None, lists and dicts raised TypeError, 10**400 OverflowError, and
+    # Regression: None, lists and dicts raised TypeError, 10**400 OverflowError, and
     # inf passed: errors that config validation could not turn into a message.
     with pytest.raises(ValueError, match="what"):
         parse(bad, "what")

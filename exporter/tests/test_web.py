@@ -217,7 +217,7 @@ def closed_by_server(sock: socket.socket, within: float) -> bool:
 
 
 def test_an_idle_connection_does_not_block_tls_scrapes(secured: WebSettings) -> None:
-    # Regression (issue 17.1): the listening socket was wrapped in TLS, so accept() ran the
+    # Regression: the listening socket was wrapped in TLS, so accept() ran the
     # handshake of the idle connection on the serving thread, without a timeout: every
     # scrape after it hung.
     with running(secured) as (_, port), socket.create_connection(("127.0.0.1", port)):

@@ -1,4 +1,4 @@
-"""Which members a host probes: the whole mesh, or a hierarchical sample of it (issue 16).
+"""Which members a host probes: the whole mesh, or a hierarchical sample of it.
 
 `full_mesh`: every other member. `hierarchical`: every other member of the same scope
 (region or zone), and between two regions `representatives` links, chosen by rendezvous
