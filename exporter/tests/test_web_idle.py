@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from certs import self_signed
 
 SOURCES = [f"127.0.0.{i}" for i in range(1, 11)]  # 127.0.0.1 is the scraper's too
 PER_SOURCE = 32
@@ -33,13 +34,7 @@ def free_port() -> int:
 
 
 def tls_files(d: Path) -> tuple[Path, Path]:
-    cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-subj", "/CN=127.0.0.1", "-days", "1", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True, timeout=30,
-    )  # fmt: skip
-    return cert, key
+    return self_signed(d)
 
 
 def web_config(tmp_path: Path, port: int, secured: bool) -> dict[str, object]:
