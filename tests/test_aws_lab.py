@@ -9,6 +9,7 @@ must match what iperf3 measures once the credits are spent, 1 stream and 4.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 from helpers import iperf3, measure_and_predict
 from pathprobe_lab import net, topology
 from pathprobe_lab.caps import host_caps
+from pathprobe_lab.state import ns, sh
 
 TOPOLOGY = topology.load(None)
 # Intra-region, inter-region, and both ways of the long path where the buffers bind.
@@ -59,3 +61,15 @@ def test_lab_status_shows_each_cap(lab: None) -> None:
     assert tokyo["caps"]["per_flow"] == 500e6 and tokyo["caps"]["baseline"] == 630e6
     assert tokyo["caps"]["region_cap"] == 500e6 and tokyo["caps"]["peak"] == 2.5e9
     assert any(q.startswith("qdisc tbf 1: root") for q in tokyo["caps"]["qdiscs"]), tokyo["caps"]["qdiscs"]
+
+
+def test_each_flow_of_a_test_gets_a_per_flow_leaf_of_its_own(lab: None) -> None:
+    """Sixteen flows in 256 hashed leaves would share one about 4 tests in 10; dealt round-robin, never."""
+    streams = 16
+    iperf3(TOPOLOGY, "tokyo-a", "tokyo-b", streams, 1, 0)
+    # tc prints HTB classes as text only: "class htb 2:1003 parent ..." then " Sent N bytes ...".
+    text = sh(["tc", "-n", ns("tokyo-a"), "-s", "class", "show", "dev", "eth0"]).stdout
+    sent = {m[1]: int(m[2]) for m in re.finditer(r"^class htb (\S+) .*\n Sent (\d+) bytes", text, re.M)}
+    # In-region leaves are 2:1000-2:10ff; a stream moves megabytes in a second, the control connection kilobytes.
+    busy = [leaf for leaf, n in sent.items() if re.fullmatch(r"2:10[0-9a-f]{2}", leaf) and n > 1_000_000]
+    assert len(busy) == streams, busy

@@ -33,6 +33,22 @@ def call(app: Any, path: str = "/metrics", auth: str | None = None) -> tuple[str
     return status[0], body
 
 
+_snapshots: list[Snapshot] = []
+
+
+def snapshot(registry: CollectorRegistry, refresh: float = 5.0) -> Snapshot:
+    """A Snapshot whose render thread stops when the test ends (a broken one would log on for 300 s)."""
+    _snapshots.append(Snapshot(registry, refresh=refresh))
+    return _snapshots[-1]
+
+
+@pytest.fixture(autouse=True)
+def _close_snapshots() -> Iterator[None]:
+    yield
+    while _snapshots:
+        _snapshots.pop().close()
+
+
 def registry_with(value: float) -> tuple[CollectorRegistry, Gauge]:
     r = CollectorRegistry()
     g = Gauge("pathprobe_test_value", "test", registry=r)
@@ -42,7 +58,7 @@ def registry_with(value: float) -> tuple[CollectorRegistry, Gauge]:
 
 def test_scrape_serves_the_snapshot_and_refreshes_behind() -> None:
     r, g = registry_with(1)
-    snap = Snapshot(r)
+    snap = snapshot(r)
     assert b"pathprobe_test_value 1.0" in snap.get()
     g.set(2)
     snap.render()  # what the background refresh does
@@ -54,7 +70,7 @@ def test_scrape_serves_the_snapshot_and_refreshes_behind() -> None:
 
 def test_background_refresh_picks_up_new_values() -> None:
     r, g = registry_with(1)
-    snap = Snapshot(r, refresh=0.05)
+    snap = snapshot(r, refresh=0.05)
     snap.get()
     g.set(3)
     deadline = time.monotonic() + 5
@@ -84,7 +100,7 @@ def test_a_render_that_raises_keeps_the_last_snapshot_counted_and_retries(caplog
     r, g = registry_with(1)
     breaks = Breaks()
     r.register(breaks)  # type: ignore[arg-type]
-    snap = Snapshot(r, refresh=0.05)
+    snap = snapshot(r, refresh=0.05)
     assert b"pathprobe_test_value 1.0" in snap.get()
     g.set(2)
     breaks.broken = True
@@ -108,20 +124,20 @@ def test_a_first_render_that_raises_still_answers_200() -> None:
     breaks = Breaks()
     breaks.broken = True
     r.register(breaks)  # type: ignore[arg-type]
-    status, body = call(make_app(Snapshot(r), None))
+    status, body = call(make_app(snapshot(r), None))
     assert status == "200 OK"
     assert trailer_value(body, "pathprobe_scrape_render_errors_total") == 1
 
 
 def test_gzip_snapshot_is_complete() -> None:
     r, _ = registry_with(5)
-    body = gzip.decompress(Snapshot(r).get(gzipped=True))  # two gzip members: snapshot, trailer
+    body = gzip.decompress(snapshot(r).get(gzipped=True))  # two gzip members: snapshot, trailer
     assert b"pathprobe_test_value 5.0" in body and b"pathprobe_scrape_snapshot_age_seconds" in body
 
 
 def test_basic_auth() -> None:
     r, _ = registry_with(1)
-    app = make_app(Snapshot(r), ("prom", "s3cret"))
+    app = make_app(snapshot(r), ("prom", "s3cret"))
     assert call(app)[0].startswith("401")
     assert call(app, auth="prom:wrong")[0].startswith("401")
     status, body = call(app, auth="prom:s3cret")
@@ -130,7 +146,7 @@ def test_basic_auth() -> None:
 
 def test_paths() -> None:
     r, _ = registry_with(1)
-    app = make_app(Snapshot(r), None)
+    app = make_app(snapshot(r), None)
     assert call(app, "/")[0].startswith("200")
     assert call(app, "/nope")[0].startswith("404")
 

@@ -103,6 +103,7 @@ class Snapshot:
         self._render_seconds = 0.0
         self._last_scrape = 0.0
         self._scraped = threading.Event()
+        self._closed = threading.Event()
         self._thread: threading.Thread | None = None
         self.render_errors = 0
         self._failing = 0  # renders failed in a row
@@ -134,12 +135,18 @@ class Snapshot:
             log.error("rendering /metrics failed again (%d in a row): serving the last snapshot", failing)
 
     def _refresh_loop(self) -> None:
-        while True:
+        while not self._closed.is_set():
             self._scraped.wait()
-            time.sleep(max(self.refresh, 20 * self._render_seconds))
+            if self._closed.wait(max(self.refresh, 20 * self._render_seconds)):
+                return
             self.render()
             if time.monotonic() - self._last_scrape > self.idle_after:
                 self._scraped.clear()  # nobody scrapes: stop rendering until someone does
+
+    def close(self) -> None:
+        """Stop the background renders (a process's last snapshot is never closed: it exits)."""
+        self._closed.set()
+        self._scraped.set()
 
     def get(self, gzipped: bool = False) -> bytes:
         """The latest snapshot, plus its age; gzip members concatenate, so the trailer is a member of its own."""
