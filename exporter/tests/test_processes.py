@@ -193,6 +193,10 @@ def test_a_taken_metrics_port_is_a_clear_error(tmp_path: Path) -> None:
     assert f"cannot serve /metrics on 127.0.0.1:{port}" in run.stderr and "Traceback" not in run.stderr, run.stderr
 
 
+def listening(port: int) -> bool:
+    return bool(subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout)
+
+
 def iperf3_client(port: int, source: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port), "-B", source, "-t", "1", "-J"],
                           capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
@@ -207,8 +211,10 @@ def test_a_strangers_iperf3_test_is_cut_and_counted_and_a_peers_runs(ports: tupl
     )  # fmt: skip
     try:
         assert proc.stdout is not None and "answering" in proc.stdout.readline()  # ready
+        # Its iperf3 child listens a moment after "answering": before that, a stranger's test fails
+        # to connect, which is no refusal.
         deadline = time.monotonic() + 10
-        while procs.alive(proc.pid) and not children(proc.pid) and time.monotonic() < deadline:
+        while procs.alive(proc.pid) and not listening(port) and time.monotonic() < deadline:
             time.sleep(0.01)
         # iperf3 3.12 exits 0 with -J whatever happened: its JSON says.
         stranger = json.loads(iperf3_client(port, "127.0.0.2").stdout)
