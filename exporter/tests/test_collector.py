@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pathprobe import metrics, turns
 from pathprobe.config import Config
 from pathprobe.expected import RttWindow
-from pathprobe.exporter import Exporter
+from pathprobe.exporter import Exporter, schedule_of
 from pathprobe.metrics import registry
 from pathprobe.probes import Reason, Target, ThroughputResult, ThroughputTest
 from pathprobe.probes.report import Summary
@@ -470,10 +470,11 @@ def test_a_hierarchical_mesh_probes_and_exports_only_its_links(tmp_path: Path) -
 def test_a_sampled_throughput_mesh_schedules_only_its_links_and_no_host_twice(tmp_path: Path) -> None:
     hosts = [f"r{r}-h{h}" for r in range(3) for h in range(4)]
     cfgs = {h: fleet_config(tmp_path, h, {"kind": "hierarchical", "representatives": 1}) for h in hosts}
-    schedules = {h: Exporter(cfgs[h]).schedule for h in hosts}
+    schedules = {h: Exporter(cfgs[h]).schedule for h in hosts}  # each host's view of the mesh's schedule
     assert len({s.fingerprint for s in schedules.values()}) == 1
-    s = schedules["r0-h0"]
-    tested = {tuple(sorted((h, t.peer))) for h in hosts for k in range(len(s.rounds)) if (t := s.turn(h, k))}
+    s = schedule_of(cfgs["r0-h0"])  # the whole mesh's
+    assert all(schedules[h].turn(h, k) == s.turn(h, k) for h in hosts for k in range(len(s.rounds)))
+    tested = {tuple(sorted((h, t.peer))) for h in hosts for k in range(len(s.rounds)) if (t := schedules[h].turn(h, k))}
     assert tested == set(cfgs["r0-h0"].throughput_pairs or ())
     for k in range(len(s.rounds)):
         busy = [h for pair in s.rounds[k] for h in pair]

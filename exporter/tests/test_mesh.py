@@ -1,6 +1,7 @@
 """Peer selection (mesh.py): the same links on every host, every region pair measured, few
 links moved when one host joins, bad member lists named."""
 
+import contextlib
 import random
 from itertools import combinations
 
@@ -89,3 +90,16 @@ def test_a_rotation_needs_between_the_largest_degree_and_twice_it(regions: int, 
     for r in rotation:  # no host in two tests at once
         hosts = [h for pair in r for h in pair]
         assert len(hosts) == len(set(hosts))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_hosts_peers_are_its_pairs_of_the_whole_mesh(seed: int) -> None:
+    """`peers` finds one host's links without building every host's: it must name the same."""
+    rng = random.Random(seed)
+    members = [Member(f"h{i:02d}", f"r{rng.randrange(4)}", f"z{rng.randrange(3)}") for i in range(rng.randint(2, 40))]
+    for policy in (Policy(), Policy(kind="hierarchical", scope=rng.choice(["region", "zone"]), representatives=2)):
+        with contextlib.suppress(MeshError):  # a region smaller than `representatives`
+            every = links(members, policy)
+            for m in members:
+                assert peers(members, m.name, policy) == sorted(b if a == m.name else a for a, b in every
+                                                                if m.name in (a, b)), (policy, m)  # fmt: skip

@@ -40,6 +40,32 @@ def test_exchanges_and_refusals_are_counted() -> None:
     assert counts == ["accepted"] * 8 + ["not_allowed"]  # 20 exchanges over the 8 flows' connections
 
 
+def test_a_reload_that_no_longer_admits_a_source_ends_its_open_connections() -> None:
+    async def scenario() -> tuple[RttReport, list[str], int]:
+        counts: list[str] = []
+        allow = AllowList(["127.0.0.0/8"])
+        server = await RrResponder(allow, 16, counts.append).start("127.0.0.1", 0)
+        report = RttReport("tcp", 0.001, 1)
+        settings = RttSettings(interval_seconds=0.01, size_bytes=1, timeout_seconds=2.0)
+        prober = RttProber(Target("127.0.0.1", server.listener.getsockname()[1]), settings, ReportSink(report))
+        probing = asyncio.create_task(prober.run(count=200))
+        for _ in range(500):  # every flow connected and answered (bounded: 5 s)
+            if counts.count("accepted") == 8 and report.received >= 16:
+                break
+            await asyncio.sleep(0.01)
+        answered = report.received
+        allow.replace(AllowList(["198.18.0.0/15"]))  # what a reload that moved the peer does
+        await probing
+        server.close()
+        return report, counts, answered
+
+    report, counts, answered = asyncio.run(scenario())
+    # Each open connection ends at its next request, counted; reconnections are refused.
+    assert counts.count("revoked") == 8, counts
+    assert report.received < answered + 8, (report.received, answered)
+    assert "not_allowed" in counts and report.failures, (counts, report.failures)
+
+
 def test_connections_beyond_the_per_source_limit_are_refused_and_counted() -> None:
     async def scenario() -> tuple[RttReport, list[str]]:
         counts: list[str] = []

@@ -1,5 +1,5 @@
 import sys
 
-from .commands import main
+from .launch import main
 
 sys.exit(main())

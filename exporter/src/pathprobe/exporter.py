@@ -12,10 +12,11 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from pydantic import BaseModel
 
-from . import config, ena, responders
+from . import ena, responders
 from .allow import AllowList
 from .budget import Budget
 from .config import Config, Peer
@@ -24,7 +25,6 @@ from .metrics import Rooms
 from .probes import CONTINUOUS, PROBERS, Prober, Target
 from .schedule import Schedule, Timetable
 from .turns import Plan, ThroughputTurns
-from .yamlfile import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +52,25 @@ ALLOWANCES_READ_SECONDS = 10.0
 RESTART_ONLY = ("host", "responders", "iperf3", "web", "budget")
 
 
+class Prepared(NamedTuple):
+    """A new config and this host's view of its schedule, computed off the event loop (reloads.py)."""
+
+    cfg: Config
+    schedule: Schedule
+
+
 class ReloadError(Exception):
     """A new config that cannot replace the running one; the running one is kept."""
 
 
 def schedule_of(cfg: Config) -> Schedule:
     return Schedule.of([m.name for m in cfg.members], cfg.schedule.slot_seconds, cfg.throughput_pairs)
+
+
+def schedule_view(cfg: Config) -> Schedule:
+    """The mesh's schedule as far as this host and the peers it probes take part: all an exporter
+    reads of it (its turns, its clients, whether a peer is in a test)."""
+    return schedule_of(cfg).projected({cfg.host.name, *(p.name for p in cfg.probed_peers)})
 
 
 def epoch_of(cfg: Config, now: float = 0.0) -> float:
@@ -71,7 +84,7 @@ class Exporter:
     def __init__(self, cfg: Config, clock: Callable[[], float] = time.time):
         self.clock = clock
         self.budget = Budget(cfg.budget.daily_bytes, cfg.budget.state_file, clock)
-        self.timetable = Timetable(schedule_of(cfg), epoch_of(cfg))
+        self.timetable = Timetable(schedule_view(cfg), epoch_of(cfg))
         # Late-bound: a test may put its own load_state on the exporter.
         load_state = lambda peer, now: self.load_state(peer, now)  # noqa: E731, PLW0108 - late binding, see above
         self.rooms = Rooms(cfg, self.timetable, self.budget, load_state, clock)
@@ -99,15 +112,19 @@ class Exporter:
         """The newest schedule (in force from its epoch)."""
         return self.timetable.current
 
-    def reload(self, cfg: Config) -> None:
-        """Replace the running config by `cfg`: peers, mesh, probes, schedule and limits; a new
-        member list's schedule takes effect at `mesh.epoch` (at once without one). Raises
-        ReloadError, keeping the running config, when `cfg` changes what only a restart applies."""
+    def check_reloadable(self, cfg: Config) -> None:
+        """Raise ReloadError when `cfg` changes what only a restart applies."""
         changed = [name for name in RESTART_ONLY if getattr(cfg, name) != getattr(self.cfg, name)]
         if changed:
             raise ReloadError(f"{', '.join(changed)} changed: only a restart applies them; the running config is kept")
-        now = self.clock()
-        self.timetable = self.timetable.then(schedule_of(cfg), epoch_of(cfg, now), now)
+
+    def apply(self, prepared: Prepared) -> None:
+        """Replace the running config (peers, mesh, probes, schedule and limits) by a prepared
+        one; a new member list's schedule takes effect at `mesh.epoch` (at once without one)."""
+        cfg, now = prepared.cfg, self.clock()
+        before = {p.name for p in self.cfg.probed_peers}
+        dropped = before - {p.name for p in cfg.probed_peers}
+        self.timetable = self.timetable.then(prepared.schedule, epoch_of(cfg, now), now)
         tracker = ExpectedTracker(cfg, self.rooms.throughput)
         tracker.windows.update({k: w for k, w in self.tracker.windows.items() if k in tracker.windows})
         self.rooms.use(cfg, self.timetable)  # first: the rooms admit the new peers' expected values
@@ -121,18 +138,16 @@ class Exporter:
         log.info("config reloaded: %d peers probed for RTT, %d for throughput; schedule %s from %s",
                  len(cfg.rtt_peers), len(cfg.throughput_peers), self.timetable.current.fingerprint,
                  time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.timetable.epoch)))  # fmt: skip
+        if len(dropped) * 2 > len(before):
+            # Most peers gone at once is more often a file cut short than a rollout: said and counted.
+            self.rooms.host.reload_dropped_most()
+            log.warning("config reload dropped %d of %d probed peers (%s): a file cut short?",
+                        len(dropped), len(before), ", ".join(sorted(dropped)[:5]))  # fmt: skip
 
-    def reload_from(self, path: str | Path) -> str | None:
-        """Load the config at `path` and reload it (SIGHUP, POST /-/reload): None when applied,
-        else what is wrong with it (logged and counted; the running config is kept)."""
-        try:
-            self.reload(config.load(path, check_files=True))
-        except (ConfigError, ReloadError) as exc:
-            self.rooms.host.reloaded(ok=False)
-            log.error("config reload refused: %s", exc)
-            return str(exc)
-        self.rooms.host.reloaded(ok=True)
-        return None
+    def reload(self, cfg: Config) -> None:
+        """Check, prepare and apply `cfg` here and now (the exporter's reloads prepare off the loop: reloads.py)."""
+        self.check_reloadable(cfg)
+        self.apply(Prepared(cfg, schedule_view(cfg)))
 
     def _start_probers(self) -> list[asyncio.Task[object]]:
         return [asyncio.create_task(p.run(), name=name) for name, p in self.probers()]

@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import __version__, config, limits, responders
+from .. import __version__, config, launch, limits, responders
 from ..exporter import Exporter, host_max_mtu
 from ..metrics import registry
+from ..reloads import Reloads
 from ..web import raise_fd_limit, serve
 from .common import EXIT_BAD_INPUT, EXIT_PROBE_FAILED, stop_on_signals
 
@@ -88,21 +89,22 @@ def notify_systemd(state: str) -> None:
         log.warning("cannot tell systemd %s: %s", state, exc)
 
 
-# How long POST /-/reload waits for the event loop to apply a config.
+# How long POST /-/reload waits for a reload to be applied.
 RELOAD_WAIT_SECONDS = 30.0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = config.load(args.config, check_files=True)
     exporter = Exporter(cfg)
+    reloads = Reloads(exporter, args.config)
     running: list[asyncio.AbstractEventLoop] = []
 
-    def reload_from_web() -> str | None:  # on a web worker thread: the reload itself runs on the loop
+    def reload_from_web() -> str | None:  # on a web thread: the reload is asked for on the loop
         if not running:
             return "the exporter is still starting"
 
         async def on_loop() -> str | None:
-            return exporter.reload_from(args.config)
+            return await reloads.request()
 
         return asyncio.run_coroutine_threadsafe(on_loop(), running[0]).result(RELOAD_WAIT_SECONDS)
 
@@ -118,10 +120,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         stop = asyncio.Event()
         await stop_on_signals(stop)
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGHUP, exporter.reload_from, args.config)
+        loop.add_signal_handler(signal.SIGHUP, reloads.request)
+        if launch.sighup_pending():  # one came while the exporter started: it was kept for now
+            reloads.request()
+        reloading = asyncio.create_task(reloads.run(), name="reloads")
         running.append(loop)
         notify_systemd("READY=1")
-        await exporter.run(stop)
+        try:
+            await exporter.run(stop)
+        finally:
+            reloading.cancel()
 
     try:
         asyncio.run(run())

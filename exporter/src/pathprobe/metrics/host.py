@@ -26,6 +26,7 @@ class HostRoom:
         self.allowances: tuple[str | None, dict[str, int]] | None = None
         self.reloads: Counter[str] = Counter()  # success, failure
         self.last_reload_ok = True
+        self.reloads_dropping_most = 0  # reloads that dropped more than half the probed peers
         self.schedule_turns = 0
         # When the last turn began (the exporter's start until the first): None when this host runs no tests.
         self.last_turn: float | None = None
@@ -47,6 +48,9 @@ class HostRoom:
     def reloaded(self, ok: bool) -> None:
         self.reloads["success" if ok else "failure"] += 1
         self.last_reload_ok = ok
+
+    def reload_dropped_most(self) -> None:
+        self.reloads_dropping_most += 1
 
     def turns_expected(self) -> None:
         """This host has throughput tests to take: its last turn counts from now until the first."""
@@ -169,6 +173,13 @@ class HostRoom:
             "pathprobe_config_last_reload_successful",
             "1 when the last reload applied its config (or none was asked for), 0 when it was refused.",
             float(self.last_reload_ok),
+        )
+        yield one(
+            CounterMetricFamily,
+            "pathprobe_config_reloads_dropping_most_peers",
+            "Applied reloads that dropped more than half of the probed peers (more often a file cut short "
+            "than a rollout).",
+            self.reloads_dropping_most,
         )
 
     def _turns(self) -> Iterator[Metric]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 from collections.abc import Callable
 
-# (responder, result, how many): accepted, not_allowed, rate_limited, malformed, dropped_queue_full
+# (responder, result, how many): accepted, not_allowed, revoked, rate_limited, malformed, dropped_queue_full
 Count = Callable[[str, str, int], None]
 
 

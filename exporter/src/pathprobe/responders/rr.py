@@ -26,7 +26,7 @@ class RrResponder:
     def __init__(self, allow: AllowList, max_connections_per_source: int, count: Callable[[str], None]):
         self.allow = allow
         self.max_per_source = max_connections_per_source
-        self.count = count  # called with accepted / not_allowed / rate_limited / malformed
+        self.count = count  # called with accepted / not_allowed / revoked / rate_limited / malformed
         self._open: Counter[str] = Counter()
 
     async def start(self, host: str, port: int) -> RrServer:
@@ -60,7 +60,7 @@ class RrResponder:
                 return
             self._open[source] += 1
             try:
-                await self._serve(conn)
+                await self._serve(conn, source)
             finally:
                 self._open[source] -= 1
                 if not self._open[source]:
@@ -70,7 +70,7 @@ class RrResponder:
         finally:
             conn.close()
 
-    async def _serve(self, conn: wire.Connection) -> None:
+    async def _serve(self, conn: wire.Connection, source: str) -> None:
         async with asyncio.timeout(HELLO_TIMEOUT):
             hello, _ = await conn.read(wire.RR_HELLO.size)
         magic, version, size = wire.RR_HELLO.unpack(hello)
@@ -83,6 +83,11 @@ class RrResponder:
         while True:
             async with asyncio.timeout(IDLE_TIMEOUT):
                 request, arrived_ns = await conn.read(size)
+            # Checked again at every request: a reload that removed or moved this peer ends its open
+            # connections at their next probe, not when they close on their own.
+            if not self.allow.allows(source):
+                self.count("revoked")
+                return
             # Taken last, so that the hold covers everything but the send itself.
             hold = max(0, time.time_ns() - arrived_ns)
             await _write(conn, request + wire.HOLD.pack(hold))

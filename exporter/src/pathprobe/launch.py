@@ -1,0 +1,26 @@
+"""The `pathprobe` command's entry point. `pathprobe run` reloads its config on SIGHUP, and
+SIGHUP's default action ends a process: one sent while the exporter starts (the imports alone
+take 0.25 s, a large config seconds) would kill it. So before importing anything else, a
+SIGHUP to `pathprobe run` is only remembered; the exporter reloads once its loop runs."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+_sighups: list[int] = []
+
+
+def main() -> int:
+    if "run" in sys.argv[1:4]:  # `pathprobe [--log-level L] run ...`
+        signal.signal(signal.SIGHUP, lambda signum, _frame: _sighups.append(signum))
+    from .commands import main as command  # after the handler, on purpose
+
+    return command()
+
+
+def sighup_pending() -> bool:
+    """Whether a SIGHUP came before the exporter's own handler took over (and forget it)."""
+    pending = bool(_sighups)
+    _sighups.clear()
+    return pending
