@@ -3,8 +3,10 @@ exporter's CPU and memory idle and while probing 50 peers at 10 RTT/s each.
 
 Run: .venv/bin/python bench/exporter_bench.py   (loopback only; about 2.5 minutes)
      .venv/bin/python bench/exporter_bench.py --idle   (the idle-connection rows only; about 30 s)
+     .venv/bin/python bench/exporter_bench.py --reload   (the large-reload rows only; about 1 minute)
 Targets: scrape p99 < 20 ms, idle RSS < 60 MB, < 5% of one core for 50 peers;
-with 1,000 idle connections from 10 addresses held open, scrape p99 as without them.
+with 1,000 idle connections from 10 addresses held open, scrape p99 as without them;
+a 10,000-member hierarchical mesh: check-config < 1 s, a reload's time on the event loop < 0.1 s.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import gzip
 import multiprocessing
 import os
 import random
+import re
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -238,9 +242,62 @@ def idle_rows() -> list[tuple[str, str, str]]:
     ]  # fmt: skip
 
 
+def hierarchical(members: int) -> dict:
+    """A hierarchical mesh of `members` in 20 regions, probes off (nothing but the reload costs)."""
+    cfg = mesh(members - 1, throughput={"enabled": False}, rtt={"enabled": False}, loss={"enabled": False},
+               mtu={"enabled": False})  # fmt: skip
+    for i, peer in enumerate(cfg["peers"]):
+        peer["region"], peer["address"] = f"region-{i % 20}", f"127.{1 + i // 62500}.{i // 250 % 250}.{1 + i % 250}"
+    return cfg | {"mesh": {"rtt": {"kind": "hierarchical"}}}
+
+
+def reload_rows(sizes: tuple[int, ...] = (1_000, 10_000)) -> list[tuple[str, str, str]]:
+    """check-config's wall time, and a reload's time off and on the event loop (its log line) with
+    the exporter's RSS, for hierarchical meshes of each size."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        small, large = Path(tmp) / "small.yaml", Path(tmp) / "large.yaml"
+        small.write_text(yaml.safe_dump(hierarchical(2)))
+        for n in sizes:
+            large.write_text(yaml.safe_dump(hierarchical(n)))
+            checks = []
+            for _ in range(3):
+                t0 = time.monotonic()
+                subprocess.run([*PATHPROBE, "check-config", str(large)], check=True, capture_output=True)
+                checks.append(time.monotonic() - t0)
+            rows.append((f"check-config, {n:,} members (s, best of 3)", f"{min(checks):.2f}",
+                         "< 1" if n == 10_000 else ""))  # fmt: skip
+            cfg = Path(tmp) / "pathprobe.yaml"
+            cfg.write_bytes(small.read_bytes())
+            proc = subprocess.Popen([*PATHPROBE, "run", "--config", str(cfg)], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, text=True)  # fmt: skip
+            try:
+                wait_ready("http://127.0.0.1:19469/metrics")
+                before = rss_mb(proc.pid)
+                cfg.write_bytes(large.read_bytes())
+                proc.send_signal(signal.SIGHUP)
+                assert proc.stderr is not None
+                line = next(x for x in proc.stderr if "config reload:" in x or "refused" in x)
+                after = rss_mb(proc.pid)
+            finally:
+                proc.terminate()
+                proc.wait(timeout=10)
+            found = re.search(r"prepared in ([\d.]+) s .* applied in ([\d.]+) s", line)
+            if found is None:
+                raise SystemExit(f"the reload of {n:,} members failed: {line.strip()}")
+            off, on = float(found[1]), float(found[2])
+            rows.append(("  reload to it: off / on the event loop (s)", f"{off:.2f} / {on:.3f}",
+                         "- / < 0.1" if n == 10_000 else ""))  # fmt: skip
+            rows.append(("  exporter RSS before / after (MB)", f"{before:.0f} / {after:.0f}", ""))
+    return rows
+
+
 def main() -> None:
     if sys.argv[1:] == ["--idle"]:
         print_rows(idle_rows())
+        return
+    if sys.argv[1:] == ["--reload"]:
+        print_rows(reload_rows())
         return
     # Listening on every address so that it answers all of 127.0.x.y (loopback only).
     responders = subprocess.Popen([*PATHPROBE, "serve", "--listen", "0.0.0.0", "--allow", "127.0.0.0/8",
@@ -259,6 +316,7 @@ def main() -> None:
         rtt_cpu, rtt_rss = exporter_cost(50, {**busy, "loss": {"enabled": False}})
         all_cpu, all_rss = exporter_cost(50, busy)
         idle = idle_rows()
+        reloads = reload_rows()
     finally:
         responders.terminate()
         responders.wait(timeout=10)
@@ -273,6 +331,7 @@ def main() -> None:
         ("CPU, 50 peers x (10 RTT/s + 10 UDP echo/s)", f"{all_cpu * 100:.2f}", ""),
         ("RSS, 50 peers probing (MB)", f"{max(rtt_rss, all_rss):.1f}", ""),
         *idle,
+        *reloads,
     ]
     print_rows(rows)
 
