@@ -6,6 +6,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -21,7 +22,7 @@ from helpers import PATHPROBE, wait_for
 from pathprobe import procs, promql
 from pathprobe.monitoring import params
 from pathprobe_lab import topology
-from pathprobe_lab.state import State
+from pathprobe_lab.state import PREFIX, State
 
 PROM = "http://127.0.0.1:19090"
 
@@ -221,3 +222,22 @@ def test_a_crashed_child_ends_the_demo_cleanly(tmp_path: Path) -> None:
     assert demo.returncode == 1, out[-2000:]
     assert f"prometheus (pid {prometheus}) died" in out.decode(), out[-2000:]
     assert_nothing_left(pids, before)
+
+
+def test_a_second_demo_refuses_a_taken_port_and_leaves_the_running_lab_alone(tmp_path: Path) -> None:
+    """A demo started beside a running one used to tear the running one's lab down, then die on
+    its webhook port with a traceback."""
+    sentinel = PREFIX + "running-demo"  # stands for the running demo's lab: its clean-up would remove it
+    subprocess.run(["ip", "netns", "add", sentinel], check=True)
+    try:
+        with socket.socket() as held:
+            held.bind(("127.0.0.1", 0))
+            held.listen()
+            port = held.getsockname()[1]
+            got = subprocess.run([*PATHPROBE, "demo", "--prometheus-port", str(port), "--duration", "5", "--workdir",
+                                  str(tmp_path)], capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert got.returncode != 0 and f"port(s) {port} on 127.0.0.1 already in use" in got.stderr, got.stderr
+        assert "Traceback" not in got.stderr
+        assert sentinel in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    finally:
+        subprocess.run(["ip", "netns", "delete", sentinel], check=False)

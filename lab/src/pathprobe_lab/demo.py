@@ -11,6 +11,7 @@ import math
 import os
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -63,6 +64,15 @@ def start_webhook(log_file: Path, port: int, host: str = "127.0.0.1") -> http.se
     server = http.server.ThreadingHTTPServer((host, port), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+def port_taken(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 def alertmanager_config(webhook_url: str, production: Path | None = None) -> dict[str, Any]:
@@ -169,6 +179,10 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
+    taken = [port for port in (args.prometheus_port, args.alertmanager_port, WEBHOOK_PORT) if port_taken(port)]
+    if taken:  # before the clean-up below, which would take a running demo's lab away from it
+        raise SystemExit(f"pathprobe demo: port(s) {', '.join(map(str, taken))} on 127.0.0.1 already in use "
+                         "(another demo running? stop it first, or choose other ports)")  # fmt: skip
     if State.load() is not None or net._namespaces():
         say("cleaning up a previous lab:")
         for line in net.down():
