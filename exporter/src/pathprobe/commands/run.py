@@ -10,11 +10,12 @@ import shutil
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from .. import __version__, config, limits, responders
-from ..exporter import Exporter, host_max_mtu
+from ..exporter import Exporter, epoch_too_far_ahead, host_max_mtu
 from ..metrics import registry
 from ..web import raise_fd_limit, serve
 from .common import EXIT_BAD_INPUT, EXIT_PROBE_FAILED, stop_on_signals
@@ -37,6 +38,10 @@ def add_parser(sub: Any) -> None:
 def cmd_check_config(args: argparse.Namespace) -> int:
     cfg = config.load(args.file, check_files=True)
     found = [*limits.unknown_instance_types(cfg), *host_problems(cfg)]
+    # An error, not a warning: the role's `validate` and the unit's ExecStartPre only read the
+    # exit status, and a day ahead is no rollout's margin but a typo (a year, a day/month swap).
+    if (epoch := epoch_too_far_ahead(cfg, time.time())) is not None:
+        found.append(epoch)
     if args.free_ports:
         found += responders.held_ports(cfg)
     problems = [f"{args.file}: {p}" for p in found]
@@ -94,6 +99,8 @@ RELOAD_WAIT_SECONDS = 30.0
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = config.load(args.config, check_files=True)
+    if (epoch := epoch_too_far_ahead(cfg, time.time())) is not None:
+        log.warning("%s: %s", args.config, epoch)  # runs on: RTT, loss and the responders are not held back
     exporter = Exporter(cfg)
     running: list[asyncio.AbstractEventLoop] = []
 
