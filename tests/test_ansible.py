@@ -180,8 +180,11 @@ def test_a_member_list_change_gets_one_epoch_and_a_reload(tmp_path: Path) -> Non
     assert float(kept["mesh"]["epoch"]) == epoch  # the same members again: the same file
     _, restart = render_config_change(tmp_path, ["a", "b", "c"], {"pathprobe_budget": {"daily_bytes": "40GB"}})
     assert restart
-    render_config_change(tmp_path, ["a", "c"], {"pathprobe_mesh_epoch": "2030-01-01T00:00:00Z"})
-    assert config.load(tmp_path / "pathprobe.yaml").mesh.epoch == datetime(2030, 1, 1, tzinfo=UTC)
+    # An epoch set for later batches: hours ahead (more than a day ahead, check-config warns of it).
+    at = int(time.time()) + 3 * 3600
+    later = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+    render_config_change(tmp_path, ["a", "c"], {"pathprobe_mesh_epoch": later})
+    assert config.load(tmp_path / "pathprobe.yaml").mesh.epoch == datetime.fromtimestamp(at, UTC)
 
 
 def test_preflight_refuses_a_host_without_systemd(tmp_path: Path) -> None:

@@ -4,14 +4,21 @@ import builtins
 import errno
 import json
 import os
+import re
+import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
+import yaml
+from test_reload import free_port, wait_for
 
 from pathprobe import budget
 from pathprobe.budget import Budget
+from pathprobe.monitoring import params, rules
 
 DAY = 86400.0
 NOON = 20000 * DAY + DAY / 2  # noon UTC of some day
@@ -80,10 +87,11 @@ def test_a_corrupt_state_file_counts_the_day_as_spent(tmp_path: Path, content: b
     now = [NOON]
     b = Budget(1000, state, clock=lambda: now[0])
     assert b.remaining() == 0 and not b.allows(1)
-    assert b.load_error is not None and str(state) in b.load_error
+    assert b.unusable() and b.load_error is not None and str(state) in b.load_error
     assert b.period_end() == 20001 * DAY
     now[0] = 20001 * DAY + 1  # the next UTC day: a fresh allowance, and the file is whole again
     assert b.remaining() == 1000
+    assert not b.unusable() and b.load_error is None  # the metric (and its alert) clears with its period
     assert b.spend(10)
     assert json.loads(state.read_text()) == {"period": "2024-10-05", "used_bytes": 10}
 
@@ -190,3 +198,64 @@ def deny_open(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
         return real(file, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "open", guarded)
+
+
+def test_a_real_exporter_exports_what_the_budget_alerts_read(tmp_path: Path) -> None:
+    """Real processes on loopback: `pathprobe run` (h0) tests `pathprobe serve` (h1). Its state
+    file turns into a directory while it runs: the writes after its tests fail and are counted;
+    restarted on a corrupt file, today counts as spent. Both series are the ones the alerts read."""
+    read = {name for rule in rules.render(params.Params())["groups"][-1]["rules"]
+            if rule["alert"].startswith("PathprobeBudgetS")
+            for name in re.findall(r"pathprobe_\w+", rule["expr"])}  # fmt: skip
+    assert read == {"pathprobe_budget_state_unusable", "pathprobe_budget_save_failures_total"}
+    h1 = {"rr_port": free_port(), "echo_port": free_port(), "iperf3_port": free_port()}
+    state, web = tmp_path / "budget.json", free_port()
+    cfg = tmp_path / "pathprobe.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "host": {"name": "h0", "address": "127.0.0.1", "region": "r1"},
+        "peers": [{"name": "h1", "address": "127.0.0.2", "region": "r2", "path_class": "inter_region", **h1}],
+        "probes": {"throughput": {"protocols": ["udp"], "streams": [1], "udp_bitrate": "10M", "duration_seconds": 1,
+                                  "omit_seconds": 0},
+                   "rtt": {"interval_seconds": 0.5}, "loss": {"rate_pps": 2}, "mtu": {"enabled": False}},
+        "schedule": {"slot_seconds": 10, "jitter_seconds": 0, "timeout_margin_seconds": 1},
+        "responders": {"listen": "127.0.0.1", "rr_port": free_port(), "echo_port": free_port()},
+        "iperf3": {"port": free_port()},
+        "web": {"listen": f"127.0.0.1:{web}"},
+        "budget": {"state_file": str(state)},
+    }))  # fmt: skip
+    server = subprocess.Popen(
+        [sys.executable, "-m", "pathprobe", "serve", "--listen", "127.0.0.2", "--rr-port", str(h1["rr_port"]),
+         "--echo-port", str(h1["echo_port"]), "--iperf3-port", str(h1["iperf3_port"])],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    run = [sys.executable, "-m", "pathprobe", "run", "--config", str(cfg)]
+    errs = []
+    try:
+        proc = subprocess.Popen(run, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for(web, "first scrape", lambda got: ("pathprobe_budget_state_unusable", frozenset()) in got)
+            state.mkdir()  # after the start read no file: the writes after the next tests fail
+            got = wait_for(web, "a failed write of the state file counted",
+                           lambda got: got.get(("pathprobe_budget_save_failures_total", frozenset()), 0) >= 1,
+                           seconds=60)  # fmt: skip
+            assert got["pathprobe_budget_state_unusable", frozenset()] == 0
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            errs.append(proc.communicate(timeout=15)[1])
+        assert "cannot be written" in errs[0], errs[0][-3000:]
+        state.rmdir()
+        state.write_text("{not json")
+        proc = subprocess.Popen(run, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            got = wait_for(web, "the unusable state file",
+                           lambda got: got.get(("pathprobe_budget_state_unusable", frozenset())) == 1)  # fmt: skip
+            assert got["pathprobe_budget_remaining_bytes", frozenset()] == 0
+            assert got["pathprobe_budget_save_failures_total", frozenset()] == 0
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            errs.append(proc.communicate(timeout=15)[1])
+        assert "cannot be used" in errs[1], errs[1][-3000:]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=15)
+    assert not [e for e in errs if "Traceback" in e], errs

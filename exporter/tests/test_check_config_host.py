@@ -3,6 +3,8 @@
 import socket
 import subprocess
 import sys
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ import yaml
 
 from pathprobe.commands import run
 from pathprobe.config import Config, Iperf3Settings, Responders, WebSettings
+from pathprobe.exporter import epoch_too_far_ahead
 from pathprobe.responders import held_ports
 
 
@@ -75,3 +78,44 @@ def test_free_ports_names_the_field_of_each_port_another_program_holds(tmp_path:
                               capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
         assert proc.returncode == 2 and proc.stderr.count(f"{path}: ") == 2, proc.stderr
     assert held_ports(cfg) == []  # released
+
+
+def with_epoch(at: float) -> Config:
+    cfg = config()
+    return cfg.model_copy(update={"mesh": cfg.mesh.model_copy(update={"epoch": datetime.fromtimestamp(at, UTC)})})
+
+
+NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+HOUR, DAY = 3600.0, 86400.0
+
+
+@pytest.mark.parametrize("ahead", [-10 * 365 * DAY, 0.0, 3 * HOUR, 23 * HOUR, DAY])
+def test_an_epoch_up_to_a_day_ahead_is_a_rollouts_margin(ahead: float) -> None:
+    assert epoch_too_far_ahead(with_epoch(NOW + ahead), NOW) is None
+    assert epoch_too_far_ahead(config(), NOW) is None  # no epoch: at once
+
+
+@pytest.mark.parametrize(("ahead", "far"), [(DAY + HOUR, "25.0 h"), (3653 * DAY, "3653 days")])
+def test_an_epoch_more_than_a_day_ahead_is_named_with_how_far(ahead: float, far: str) -> None:
+    problem = epoch_too_far_ahead(with_epoch(NOW + ahead), NOW)
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(NOW + ahead))
+    assert problem is not None and problem.startswith(f"mesh.epoch: {at} is {far} ahead of this host's clock:")
+
+
+def test_check_config_warns_of_an_epoch_ten_years_ahead_and_not_of_one_hours_ahead(tmp_path: Path) -> None:
+    # Regression: an epoch ten years ahead passed check-config silently and a fresh exporter then
+    # took no throughput test for ten years. A warning (exit 0): the unit's ExecStartPre runs it too.
+    path = tmp_path / "pathprobe.yaml"
+    for ahead, warned in ((10 * 365 * DAY, True), (3 * HOUR, False)):
+        body = config().model_dump(mode="json", exclude_defaults=True)
+        body["mesh"] = {"epoch": datetime.fromtimestamp(time.time() + ahead, UTC).isoformat()}
+        path.write_text(yaml.safe_dump(body))
+        proc = subprocess.run([sys.executable, "-m", "pathprobe", "check-config", str(path)],
+                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert proc.returncode == 0 and f"{path}: ok" in proc.stdout, proc.stdout + proc.stderr
+        assert "Traceback" not in proc.stderr, proc.stderr
+        if warned:
+            assert f"{path}: warning: mesh.epoch: " in proc.stderr, proc.stderr
+            assert " days ahead of this host's clock" in proc.stderr, proc.stderr
+        else:
+            assert "mesh.epoch" not in proc.stderr, proc.stderr

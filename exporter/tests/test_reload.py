@@ -145,3 +145,27 @@ def test_the_reload_endpoint_is_off_unless_enabled(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=15)
+
+
+def test_an_epoch_ten_years_ahead_is_logged_at_start_and_reload_and_the_exporter_runs_on(tmp_path: Path) -> None:
+    # check-config refuses it; an exporter started or reloaded without check-config warns, and
+    # its RTT, loss and responders run on (only the throughput schedule waits for the epoch).
+    ex = Exporter(tmp_path)
+    epoch = time.time() + 10 * 365 * 86400
+    ex.write({"mesh": {"epoch": epoch}})
+    proc = subprocess.Popen([sys.executable, "-m", "pathprobe", "run", "--config", str(ex.path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait_for(ex.web, "first scrape", lambda got: peers_shown(got) == {"b"})
+        proc.send_signal(signal.SIGHUP)
+        wait_for(ex.web, "the reload", lambda got: got.get(
+            ("pathprobe_config_reloads_total", frozenset({("result", "success")}))) == 1)  # fmt: skip
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+    warnings = [line for line in err.splitlines() if "WARNING pathprobe" in line and "mesh.epoch" in line]
+    assert len(warnings) == 2, err[-3000:]  # at start, at the reload
+    assert all(f"{ex.path}: mesh.epoch: {at} is 3650 days ahead of this host's clock" in w for w in warnings), warnings
+    assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]

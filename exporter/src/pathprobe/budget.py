@@ -9,8 +9,8 @@ every test. The rules, all on the side of spending less:
   valid date, `used_bytes` not a whole number from 0 up: null, "str", 1e400, -5; a
   directory; permission denied) counts the current period as fully spent: no test
   runs until the next UTC day. Logged as a warning and kept in `load_error` (for a
-  metric). A file whose date is an earlier day is simply an old period: fresh
-  allowance, whatever its byte count.
+  metric and its alert) until that period ends. A file whose date is an earlier day
+  is simply an old period: fresh allowance, whatever its byte count.
 - Periods never go back: a clock stepped back (over midnight, or a file written by a
   clock that was ahead) keeps the latest period seen, with its spend, until the clock
   reaches its end. (A clock once set far into the future therefore holds the budget
@@ -56,7 +56,7 @@ class Budget:
         self.clock = clock
         self._period = self._today()
         self._used = 0
-        # Why the state file could not be used at start (the period then counts as spent).
+        # Why the state file could not be used at start, while the period it made count as spent lasts.
         self.load_error: str | None = None
         # Writes of the state file that failed, and the reason of the last one (None once one succeeds).
         self.save_failures = 0
@@ -119,10 +119,18 @@ class Budget:
         today = self._today()
         if today > self._period:  # never back: a clock stepped back keeps the later period
             self._period, self._used = today, 0
+            if self.load_error is not None:  # its period is over: the file no longer holds tests back
+                log.info("budget period %s starts: the unusable state file no longer holds tests back", self.period)
+                self.load_error = None
 
     def remaining(self) -> int:
         self._roll()
         return max(0, self.limit - self._used)
+
+    def unusable(self) -> bool:
+        """Whether an unusable state file still holds the current period as spent."""
+        self._roll()
+        return self.load_error is not None
 
     def allows(self, estimate_bytes: float) -> bool:
         return self.remaining() >= max(1.0, estimate_bytes)

@@ -301,7 +301,8 @@ class MeshSettings(Strict):
     throughput: selection.Policy | None = None  # the throughput tests; None: as rtt
     # When this member list starts scheduling throughput tests (ISO 8601 with a zone, or Unix
     # seconds), the same on every host: a reload before it keeps the old schedule until then,
-    # a fresh start takes no turn until then (schedule.Timetable). None: at once.
+    # a fresh start takes no turn until then (schedule.Timetable). None: at once. More than a
+    # day ahead is taken for a typo: check-config refuses it, the exporter logs it.
     epoch: AwareDatetime | None = None
     # Peers outside this host's region (or zone) export fewer series (docs/fleet.md): RTT p50
     # and p99 of idle samples, UDP sent and lost, and only the probe outcomes that happened

@@ -80,6 +80,28 @@ def epoch_of(cfg: Config, now: float = 0.0) -> float:
     return math.ceil(at / cfg.schedule.slot_seconds) * cfg.schedule.slot_seconds
 
 
+# mesh.epoch further ahead than this is taken for a mistake: a rollout sets it minutes or
+# hours ahead (the last host must load the config before it), and until it a fresh start
+# takes no throughput test and a reload keeps the old schedule.
+EPOCH_AHEAD_LIMIT_SECONDS = 86400.0
+
+
+def epoch_too_far_ahead(cfg: Config, now: float) -> str | None:
+    """What is wrong with `cfg`'s mesh.epoch when it is more than EPOCH_AHEAD_LIMIT_SECONDS
+    after `now` (check-config refuses it; the exporter logs it and runs on), else None."""
+    if cfg.mesh.epoch is None:
+        return None
+    at = cfg.mesh.epoch.timestamp()
+    ahead = at - now
+    if ahead <= EPOCH_AHEAD_LIMIT_SECONDS:
+        return None
+    far = f"{ahead / 3600:.1f} h" if ahead < 2 * 86400 else f"{ahead / 86400:.0f} days"
+    return (f"mesh.epoch: {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(at))} is {far} "
+            f"ahead of this host's clock: this member list's throughput schedule starts only then (until then "
+            f"a fresh start takes no test and a reload keeps the old schedule); more than "
+            f"{EPOCH_AHEAD_LIMIT_SECONDS / 3600:g} h ahead is taken for a mistake")  # fmt: skip
+
+
 class Exporter:
     def __init__(self, cfg: Config, clock: Callable[[], float] = time.time):
         self.clock = clock

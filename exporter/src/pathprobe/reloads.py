@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from . import config
-from .exporter import Exporter, Prepared, ReloadError, schedule_view
+from .exporter import Exporter, Prepared, ReloadError, epoch_too_far_ahead, schedule_view
 from .yamlfile import ConfigError
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,8 @@ class Reloads:
             applying = time.monotonic()
             self.exporter.apply(prepared)
             self.exporter.rooms.host.reloaded(ok=True)
+            if (late := epoch_too_far_ahead(prepared.cfg, time.time())) is not None:
+                log.warning("%s: %s", self.path, late)
             log.info("config reload: read and prepared in %.2f s off the event loop, applied in %.3f s on it",
                      applying - started, time.monotonic() - applying)  # fmt: skip
             await in_daemon_thread(release_memory)

@@ -104,8 +104,9 @@ def lab_alert_params(rotation_seconds: float) -> Params:
     """The production rules with windows short enough for a lab fire drill (minutes)."""
     window = f"{int(2 * rotation_seconds + 30)}s"  # two tests of every path
     half_minute = ("rtt_for", "loss_for", "mtu_for", "unreachable_window", "unreachable_for", "exporter_down_for",
-                   "budget_for")  # fmt: skip
-    minute = ("rtt_recent_window", "loss_window", "refused_window", "schedule_mismatch_for")
+                   "budget_for", "budget_state_unusable_for")  # fmt: skip
+    minute = ("rtt_recent_window", "loss_window", "refused_window", "schedule_mismatch_for",
+              "budget_save_failures_window")  # fmt: skip
     return Params.model_validate({
         **dict.fromkeys(half_minute, "30s"),
         **dict.fromkeys(minute, "1m"),

@@ -10,11 +10,12 @@ import shutil
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from .. import __version__, config, launch, limits, responders
-from ..exporter import Exporter, host_max_mtu
+from ..exporter import Exporter, epoch_too_far_ahead, host_max_mtu
 from ..metrics import registry
 from ..reloads import Reloads
 from ..web import raise_fd_limit, serve
@@ -38,6 +39,10 @@ def add_parser(sub: Any) -> None:
 def cmd_check_config(args: argparse.Namespace) -> int:
     cfg = config.load(args.file, check_files=True)
     found = [*limits.unknown_instance_types(cfg), *host_problems(cfg)]
+    # A warning, not an error: the unit's ExecStartPre runs this too, and a host whose clock is a
+    # day behind at boot would otherwise lose its RTT and loss monitoring with its tests.
+    if (epoch := epoch_too_far_ahead(cfg, time.time())) is not None:
+        print(f"{args.file}: warning: {epoch}", file=sys.stderr)
     if args.free_ports:
         found += responders.held_ports(cfg)
     problems = [f"{args.file}: {p}" for p in found]
@@ -95,6 +100,8 @@ RELOAD_WAIT_SECONDS = 30.0
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = config.load(args.config, check_files=True)
+    if (epoch := epoch_too_far_ahead(cfg, time.time())) is not None:
+        log.warning("%s: %s", args.config, epoch)  # runs on: RTT, loss and the responders are not held back
     exporter = Exporter(cfg)
     reloads = Reloads(exporter, args.config)
     running: list[asyncio.AbstractEventLoop] = []

@@ -149,8 +149,9 @@ class HostRoom:
         yield one(
             GaugeMetricFamily,
             "pathprobe_budget_state_unusable",
-            "1 when the budget state file was unusable at start: today counts as spent (see the log).",
-            1 if b.load_error else 0,
+            "1 when the budget state file was unusable at start, until the period it made count as spent "
+            "ends (see the log).",
+            1 if b.unusable() else 0,
         )
         yield one(
             GaugeMetricFamily,

@@ -43,6 +43,10 @@ class Params(Strict):
     turn_errors_window: str = Field(default="1h", description="throughput turns that failed on an unexpected error")
     exporter_down_for: str = Field(default="5m")
     budget_for: str = Field(default="15m")
+    budget_state_unusable_for: str = Field(default="5m", description="the state file held today as spent at start")
+    budget_save_failures_window: str = Field(
+        default="1h", description="failed writes of the budget state file (above the time between a host's tests)"
+    )
     refused_window: str = Field(default="15m")
     schedule_mismatch_for: str = Field(default="30m")
     snapshot_stale_seconds: float = Field(

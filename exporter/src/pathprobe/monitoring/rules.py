@@ -279,6 +279,19 @@ def _exporter_alerts(p: Params) -> list[Alert]:
                "{{ $labels.host }} has spent its daily byte budget: throughput tests stop until "
                "{{ with printf \"pathprobe_budget_period_end_timestamp_seconds{instance='%s'}\" $labels.instance "
                "| query }}{{ . | first | value | humanizeTimestamp }}{{ end }}.", p.budget_for),
+        Alert("PathprobeBudgetStateUnusable", f"pathprobe_budget_state_unusable{{{sel}}} == 1", "warning",
+               "A host's budget state file was unusable: its tests wait for the next budget period.",
+               "{{ $labels.host }} ({{ $labels.region }}) could not use its budget state file at start, so it counts "
+               "the budget period as spent: its throughput tests stop until "
+               "{{ with printf \"pathprobe_budget_period_end_timestamp_seconds{instance='%s'}\" $labels.instance "
+               "| query }}{{ . | first | value | humanizeTimestamp }}{{ end }} unless the file is fixed or removed "
+               "and the exporter restarted (the log says why).", p.budget_state_unusable_for),
+        Alert("PathprobeBudgetSaveFailures",
+               f"increase(pathprobe_budget_save_failures_total{{{sel}}}[{p.budget_save_failures_window}]) > 0",
+               "warning", "A host cannot write its budget state file.",
+               "{{ $labels.host }} ({{ $labels.region }}) could not write its budget state file in the last "
+               f"{p.budget_save_failures_window}: it counts today's bytes in memory only, so a restart would forget "
+               "them and could spend the budget again (the log says why)."),
         Alert("PathprobeInstanceTypeUnknown", f"pathprobe_instance_type_unknown{{{sel}}} == 1", "warning",
                "An instance type the limits table does not know.",
                "{{ $labels.host }}'s config names instance type {{ $labels.instance_type }} (for "
