@@ -169,3 +169,34 @@ def test_an_epoch_ten_years_ahead_is_logged_at_start_and_reload_and_the_exporter
     assert len(warnings) == 2, err[-3000:]  # at start, at the reload
     assert all(f"{ex.path}: mesh.epoch: {at} is 3650 days ahead of this host's clock" in w for w in warnings), warnings
     assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
+
+
+def catches_sighup(pid: int) -> bool:
+    """Whether process `pid` has a SIGHUP handler (bit 1 of SigCgt in /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) & 1 << (signal.SIGHUP - 1))
+    return False
+
+
+def test_a_sighup_while_the_exporter_starts_is_kept_for_then(tmp_path: Path) -> None:
+    """SIGHUP's default action ends a process: one sent in the exporter's first moments (a config
+    management tool reloading right after starting it) used to kill it."""
+    ex = Exporter(tmp_path)
+    ex.write({})
+    proc = subprocess.Popen([sys.executable, "-m", "pathprobe", "run", "--config", str(ex.path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while not catches_sighup(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        with pytest.raises(OSError):  # still starting: /metrics does not answer yet
+            request(ex.web, "GET", "/metrics")
+        proc.send_signal(signal.SIGHUP)
+        wait_for(ex.web, "the reload the early SIGHUP asked for", lambda got: got.get(
+            ("pathprobe_config_reloads_total", frozenset({("result", "success")}))) == 1)  # fmt: skip
+        assert proc.poll() is None and peers_shown(samples(ex.web)) == {"b"}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
