@@ -66,10 +66,17 @@ def test_lab_status_shows_each_cap(lab: None) -> None:
 def test_each_flow_of_a_test_gets_a_per_flow_leaf_of_its_own(lab: None) -> None:
     """Sixteen flows in 256 hashed leaves would share one about 4 tests in 10; dealt round-robin, never."""
     streams = 16
+    before = leaf_bytes("tokyo-a")  # the module's earlier tests used leaves too: what this one adds counts
     iperf3(TOPOLOGY, "tokyo-a", "tokyo-b", streams, 1, 0)
-    # tc prints HTB classes as text only: "class htb 2:1003 parent ..." then " Sent N bytes ...".
-    text = sh(["tc", "-n", ns("tokyo-a"), "-s", "class", "show", "dev", "eth0"]).stdout
-    sent = {m[1]: int(m[2]) for m in re.finditer(r"^class htb (\S+) .*\n Sent (\d+) bytes", text, re.M)}
+    after = leaf_bytes("tokyo-a")
     # In-region leaves are 2:1000-2:10ff; a stream moves megabytes in a second, the control connection kilobytes.
-    busy = [leaf for leaf, n in sent.items() if re.fullmatch(r"2:10[0-9a-f]{2}", leaf) and n > 1_000_000]
+    busy = [leaf for leaf, n in after.items()
+            if re.fullmatch(r"2:10[0-9a-f]{2}", leaf) and n - before.get(leaf, 0) > 1_000_000]  # fmt: skip
     assert len(busy) == streams, busy
+
+
+def leaf_bytes(host: str) -> dict[str, int]:
+    """Bytes sent by each HTB class of a host's eth0 (tc prints HTB classes as text only:
+    "class htb 2:1003 parent ..." then " Sent N bytes ...")."""
+    text = sh(["tc", "-n", ns(host), "-s", "class", "show", "dev", "eth0"]).stdout
+    return {m[1]: int(m[2]) for m in re.finditer(r"^class htb (\S+) .*\n Sent (\d+) bytes", text, re.M)}

@@ -67,7 +67,10 @@ def start_webhook(log_file: Path, port: int, host: str = "127.0.0.1") -> http.se
 
 
 def port_taken(port: int) -> bool:
+    """Whether something listens on the port (SO_REUSEADDR as the servers bind it: a previous
+    demo's connections in TIME_WAIT do not count)."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
