@@ -541,3 +541,20 @@ def test_what_arrives_for_a_peer_a_reload_removed_is_dropped_at_the_door(tmp_pat
     got = samples(e)
     assert not [ls for _, ls in got if ("peer", "b") in ls]
     assert value(got, "pathprobe_peer_info", peer="c") == 1
+
+
+def test_a_reload_that_leaves_fewer_than_half_the_peers_is_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    e = Exporter(config(tmp_path))  # b and c
+    name = "pathprobe_config_reloads_dropping_most_peers_total"
+    peers = config(tmp_path).model_dump(mode="json")["peers"]
+    peers[0] |= {"name": "d", "address": "198.18.4.2"}  # b replaced by d: a rollout, not counted
+    e.reload(config(tmp_path, peers=peers))
+    assert value(samples(e), name) == 0
+    more = [{"name": f"x{i}", "address": f"198.18.5.{i + 2}", "region": "r2", "path_class": "inter_region"}
+            for i in range(3)]  # fmt: skip
+    e.reload(config(tmp_path, peers=[*peers, *more]))
+    e.reload(config(tmp_path, peers=peers))  # 5 peers -> 2: a file cut short?
+    assert value(samples(e), name) == 1
+    assert "config reload left 2 of 5 probed peers (dropped: x0, x1, x2)" in caplog.text

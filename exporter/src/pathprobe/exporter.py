@@ -88,7 +88,7 @@ EPOCH_AHEAD_LIMIT_SECONDS = 86400.0
 
 def epoch_too_far_ahead(cfg: Config, now: float) -> str | None:
     """What is wrong with `cfg`'s mesh.epoch when it is more than EPOCH_AHEAD_LIMIT_SECONDS
-    after `now` (check-config refuses it; the exporter logs it and runs on), else None."""
+    after `now` (check-config warns of it; the exporter logs it and runs on), else None."""
     if cfg.mesh.epoch is None:
         return None
     at = cfg.mesh.epoch.timestamp()
@@ -144,8 +144,7 @@ class Exporter:
         """Replace the running config (peers, mesh, probes, schedule and limits) by a prepared
         one; a new member list's schedule takes effect at `mesh.epoch` (at once without one)."""
         cfg, now = prepared.cfg, self.clock()
-        before = {p.name for p in self.cfg.probed_peers}
-        dropped = before - {p.name for p in cfg.probed_peers}
+        before, after = {p.name for p in self.cfg.probed_peers}, {p.name for p in cfg.probed_peers}
         self.timetable = self.timetable.then(prepared.schedule, epoch_of(cfg, now), now)
         tracker = ExpectedTracker(cfg, self.rooms.throughput)
         tracker.windows.update({k: w for k, w in self.tracker.windows.items() if k in tracker.windows})
@@ -160,11 +159,11 @@ class Exporter:
         log.info("config reloaded: %d peers probed for RTT, %d for throughput; schedule %s from %s",
                  len(cfg.rtt_peers), len(cfg.throughput_peers), self.timetable.current.fingerprint,
                  time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.timetable.epoch)))  # fmt: skip
-        if len(dropped) * 2 > len(before):
-            # Most peers gone at once is more often a file cut short than a rollout: said and counted.
+        if len(after) * 2 < len(before):
+            # Fewer than half the peers left is more often a file cut short than a rollout: said and counted.
             self.rooms.host.reload_dropped_most()
-            log.warning("config reload dropped %d of %d probed peers (%s): a file cut short?",
-                        len(dropped), len(before), ", ".join(sorted(dropped)[:5]))  # fmt: skip
+            log.warning("config reload left %d of %d probed peers (dropped: %s): a file cut short?",
+                        len(after), len(before), ", ".join(sorted(before - after)[:5]))  # fmt: skip
 
     def reload(self, cfg: Config) -> None:
         """Check, prepare and apply `cfg` here and now (the exporter's reloads prepare off the loop: reloads.py)."""

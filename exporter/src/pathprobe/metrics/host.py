@@ -26,7 +26,7 @@ class HostRoom:
         self.allowances: tuple[str | None, dict[str, int]] | None = None
         self.reloads: Counter[str] = Counter()  # success, failure
         self.last_reload_ok = True
-        self.reloads_dropping_most = 0  # reloads that dropped more than half the probed peers
+        self.reloads_dropping_most = 0  # reloads that left fewer than half the probed peers
         self.schedule_turns = 0
         # When the last turn began (the exporter's start until the first): None when this host runs no tests.
         self.last_turn: float | None = None
@@ -178,8 +178,8 @@ class HostRoom:
         yield one(
             CounterMetricFamily,
             "pathprobe_config_reloads_dropping_most_peers",
-            "Applied reloads that dropped more than half of the probed peers (more often a file cut short "
-            "than a rollout).",
+            "Applied reloads that left fewer than half as many probed peers as before (more often a file "
+            "cut short than a rollout).",
             self.reloads_dropping_most,
         )
 
