@@ -29,8 +29,12 @@ from .topology import LabHost, Topology, resolve
 
 # An MTU-sized TCP segment (with timestamps) is 1448 payload bytes in a 1514-byte frame.
 WIRE_PER_PAYLOAD = 1514 / 1448
-# TBF's second bucket (for the peak rate) must hold the largest packet: a 64 KiB GSO frame.
-PEAK_BUCKET_BYTES = 65536 + 1514
+# TBF's second bucket (for the peak rate) must hold the largest packet: a 64 KiB GSO frame, whose
+# length to a qdisc counts every segment's headers (45 segments of 1448: 65,536 + 44 x 66 bytes).
+# A frame longer than the bucket is cut into MTU-sized packets (sch_tbf.c, tbf_segment): every
+# path then carried ~40 times as many packets, and the delay line, which runs the kernel's
+# forwarding of what it releases, queued them for tens of ms whenever two tests ran at once.
+PEAK_BUCKET_BYTES = 2 * 65536
 # Leaf classes per aggregate: flows hash into them (a collision shares one per-flow cap; with
 # 4 flows that happens about 2% of the time, and only matters when the per-flow cap binds).
 FLOW_CLASSES = 256
