@@ -18,7 +18,7 @@ import pytest
 from helpers import iperf3, measure_and_predict
 from pathprobe_lab import net, topology
 from pathprobe_lab.caps import host_caps
-from pathprobe_lab.state import ns, sh
+from pathprobe_lab.state import ROUTER, in_ns, iptables, ns, sh
 
 TOPOLOGY = topology.load(None)
 # Intra-region, inter-region, and both ways of the long path where the buffers bind.
@@ -80,3 +80,23 @@ def leaf_bytes(host: str) -> dict[str, int]:
     "class htb 2:1003 parent ..." then " Sent N bytes ...")."""
     text = sh(["tc", "-n", ns(host), "-s", "class", "show", "dev", "eth0"]).stdout
     return {m[1]: int(m[2]) for m in re.finditer(r"^class htb (\S+) .*\n Sent (\d+) bytes", text, re.M)}
+
+
+def test_a_capped_hosts_data_crosses_the_lab_in_gso_frames(lab: None) -> None:
+    """The caps pass a sender's 64 KiB GSO frames whole, as a NIC's TSO would take them. A frame cut
+    into MTU-sized packets (TBF splits one longer than its peak bucket) multiplies the packets that
+    the delay line and the router forward: with two tests at once every path then queued for tens of
+    ms, and a window-bound flow read a fifth below its floor."""
+    before = forwarded("198.18.1.0/24", "198.18.3.0/24")
+    iperf3(TOPOLOGY, "tokyo-a", "osaka-a", 1, 2, 0)
+    after = forwarded("198.18.1.0/24", "198.18.3.0/24")
+    packets, data = after[0] - before[0], after[1] - before[1]
+    assert data > 50e6 and data / packets > 20 * 1514, (packets, data)
+
+
+def forwarded(src: str, dst: str) -> tuple[int, int]:
+    """Packets and bytes the router has queued to the delay line from `src` to `dst` (iptables counts
+    a GSO frame as one packet)."""
+    rules = sh(in_ns(ROUTER, [iptables(), "-L", "FORWARD", "-v", "-x", "-n"])).stdout.splitlines()
+    row = next(r.split() for r in rules if "NFQUEUE" in r and src in r.split() and dst in r.split())
+    return int(row[0]), int(row[1])

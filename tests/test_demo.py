@@ -20,11 +20,11 @@ from test_lab import root_leftovers
 
 from helpers import PATHPROBE, wait_for
 from pathprobe import procs, promql
-from pathprobe.monitoring import params
 from pathprobe_lab import topology
 from pathprobe_lab.state import PREFIX, State
 
 PROM = "http://127.0.0.1:19090"
+ROUTING = Path(__file__).parents[1] / "alerts" / "alertmanager.yml"
 
 
 def query(expr: str) -> list[dict]:
@@ -35,7 +35,10 @@ def query(expr: str) -> list[dict]:
 SUBSTITUTE = {"$region": ".*", "$host": ".*", "$peer": ".*", "$__rate_interval": "1m", "$volume_tb": "40",
               "$price_per_gb": "0.02"}  # fmt: skip
 NO_DATA_EXPECTED = {"Firing pathprobe alerts"}  # a healthy lab fires nothing
-SILENT_SECONDS = 360  # four rotations of the 30 s slots' 90 s (kept short for CI time; ten minutes is the aim)
+# The default demo (40 s slots: a 120 s rotation) stays silent this long from its start: five rotations.
+SILENT_SECONDS = 600
+# Every test of every path reaches this share of its floor at its best in the window.
+BEST_RATIO = 0.9
 
 
 def check_dashboard_queries() -> None:
@@ -63,24 +66,18 @@ def check_dashboard_queries() -> None:
                 assert any(found), f"{name}/{panel['title']}: no data from the lab"
 
 
-def window_bound_one_flow(labels: dict[str, str]) -> bool:
-    """A one-flow test on a path whose floor the TCP window sets (send buffer or receive window)."""
-    if labels.get("streams") != "1" or labels.get("alertname", "PathprobeThroughputBelowExpected") != (
-        "PathprobeThroughputBelowExpected"
-    ):
-        return False
-    bound = query(f'pathprobe_throughput_expected_bytes_per_second{{host="{labels["host"]}", '
-                  f'peer="{labels["peer"]}", streams="1", limit=~"send_buffer|receive_window"}}')  # fmt: skip
-    return bool(bound)
+def firing_alerts() -> list[dict[str, str]]:
+    return [s["metric"] for s in query('ALERTS{alertstate="firing"}')]
 
 
-def test_demo_fills_prometheus_for_every_path_then_cleans_up(tmp_path: Path) -> None:
+def test_the_default_demo_fills_prometheus_for_every_path_stays_silent_then_cleans_up(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     hosts = [h.name for h in topology.load(None).hosts]
     paths = {(a, b) for a in hosts for b in hosts if a != b}
     started = time.monotonic()
-    known_low: list[dict[str, str]] = []
     demo = subprocess.Popen(
-        [*PATHPROBE, "demo", "--slot-seconds", "30", "--workdir", str(tmp_path)],
+        [*PATHPROBE, "demo", "--alertmanager-routing", str(ROUTING), "--workdir", str(tmp_path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -90,7 +87,7 @@ def test_demo_fills_prometheus_for_every_path_then_cleans_up(tmp_path: Path) -> 
         def measured(metric: str) -> set[tuple[str, str]]:
             return {(s["metric"]["host"], s["metric"]["peer"]) for s in query(metric)}
 
-        # Every directed path: RTT at once, throughput within one rotation (3 slots of 30 s).
+        # Every directed path: RTT at once, throughput within one rotation (3 slots of 40 s).
         wait_for("RTT for every path", lambda: measured("pathprobe_rtt_seconds_count") >= paths, timeout=60)
 
         # Both stream counts: a turn runs them one after the other, so the first alone is not enough.
@@ -107,54 +104,62 @@ def test_demo_fills_prometheus_for_every_path_then_cleans_up(tmp_path: Path) -> 
         assert {t["labels"]["host"] for t in targets} == set(hosts)
         assert all(t["health"] == "up" and t["labels"]["region"] for t in targets)
         check_dashboard_queries()
-        # Healthy is silent: nothing impaired, no alert of any severity fires in the window
-        # (the lab's windows are minutes long: see lab_alert_params).
-        fired = []
+        # Healthy is silent: nothing impaired, no alert of any severity fires in the window (the lab's
+        # rule windows are minutes long: see lab_alert_params), polled and from Prometheus's own record.
         while time.monotonic() - started < SILENT_SECONDS:
-            fired += [s["metric"] for s in query('ALERTS{alertstate="firing"}')]
-            assert not [a for a in fired if not window_bound_one_flow(a)], fired
+            assert not firing_alerts(), firing_alerts()
             time.sleep(15)
-        fired += [s["metric"] for s in query(f'max_over_time(ALERTS{{alertstate="firing"}}[{SILENT_SECONDS + 60}s])')]
-        assert not [a for a in fired if not window_bound_one_flow(a)], fired
-        # The capacity review from stored history (eight minutes: several tests of each path, whose
-        # median it takes): Tokyo -> Osaka, bound by the inter-region cap
-        # (c6gn.xlarge: 5 Gbps, 500 Mbit/s at the lab's scale) and, with one flow, the per-flow cap.
-        cap = subprocess.run([*PATHPROBE, "capacity", "--from-prometheus", PROM, "--peer", "osaka-a", "--host",
-                              "tokyo-a", "--streams", "1,4", "--limit", "per_flow=500M", "--json"],
-                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
-        assert cap.returncode == 0, cap.stderr
-        rows = {r["streams"]: r["bits_per_second"] for r in json.loads(cap.stdout)["rows"]}
-        # What Prometheus holds, as the review says...
-        stored = query('quantile_over_time(0.5, pathprobe_throughput_bytes_per_second{host="tokyo-a", peer="osaka-a", '
-                       'streams="1", direction="send"}[30d])')  # fmt: skip
-        assert rows[1] == pytest.approx(float(stored[0]["value"][1]) * 8, rel=0.01)
-        # ...and a healthy path: one flow above the warning share of its per-flow limit (in the demo one flow
-        # reads 420-480 Mbit/s on two cores shared with four exporters and Prometheus), four flows at the
-        # inter-region cap.
-        assert 0.8 * 500e6 < rows[1] <= 1.05 * 500e6, rows
-        assert rows[4] == pytest.approx(500e6, rel=0.05)
-        # A path's expected value is its floor (the instance baseline), and every test of every path reaches
-        # the alerts' warning share of it at its best in those minutes. Under the whole demo's load a 74 ms
-        # single flow reads 0.72-0.87 of its floor with the compiled delay line and the Python one alike (so
-        # not the delay line: its releases are late by 0.63-0.67 ms at p99); the 5% prediction is
-        # tests/test_aws_lab.py's, on a quiet lab.
-        ratios = query(f"max_over_time(path:pathprobe_throughput_expected_ratio:last[{SILENT_SECONDS}s])")
-        warning = params.Params().throughput_ratio_warning
-        low = [r for r in ratios if float(r["value"][1]) <= warning]
-        assert len(ratios) == 2 * len(paths) and not [r for r in low if not window_bound_one_flow(r["metric"])], low
-        known_low = fired or low
+        fired = query(f'max_over_time(ALERTS{{alertstate="firing"}}[{SILENT_SECONDS + 60}s])')
+        assert not fired, [s["metric"] for s in fired]
+        # Every test of every path reaches its floor (the instance baseline, the per-flow or inter-region
+        # cap, or the TCP window at the path's RTT) at its best in the window, under the demo's own load.
+        best = {(r["metric"]["host"], r["metric"]["peer"], r["metric"]["streams"]): float(r["value"][1]) for r in
+                query(f"max_over_time(path:pathprobe_throughput_expected_ratio:last[{SILENT_SECONDS}s])")}  # fmt: skip
+        with capsys.disabled():
+            print(f"\ndemo: silent for {SILENT_SECONDS} s; best ratio to the floor per test: lowest "
+                  f"{min(best.values()):.3f} ({min(best, key=best.__getitem__)}), of {len(best)} tests")  # fmt: skip
+        assert len(best) == 2 * len(paths) and min(best.values()) >= BEST_RATIO, best
+        check_idle_rtt_tails()
+        check_capacity_review()
     finally:
         demo.send_signal(signal.SIGINT)
         out, _ = demo.communicate(timeout=60)
     assert demo.returncode == 0, out[-2000:]
     assert "removed namespace pp-router" in out
     assert root_leftovers() == []
-    if known_low:
-        # Known and open: under the demo's own load the ~74 ms paths' one-flow tests, bound by the TCP
-        # window, read 0.6-0.9 of the prediction they reach on a quiet lab (+1% to +3.5%). The delay
-        # line is ruled out (the compiled and the Python one alike); the cause is not found yet. Nothing
-        # else may fire or read low; this is reported as an expected failure, not passed.
-        pytest.xfail(f"window-bound one-flow tests below their floor under the demo's load: {known_low}")
+
+
+def check_idle_rtt_tails() -> None:
+    """Idle RTT tails as tight as the path: every idle series' p99 within 10% of its p50, and within
+    0.15 ms on the sub-millisecond paths (where 10% is less than a scheduler's wake-up)."""
+
+    def by_series(q: str) -> dict[tuple[str, str, str], float]:
+        found = query(f'pathprobe_rtt_seconds{{state="idle", quantile="{q}"}}')
+        return {
+            (s["metric"]["host"], s["metric"]["peer"], s["metric"]["protocol"]): float(s["value"][1]) for s in found
+        }
+
+    p50, p99 = by_series("0.5"), by_series("0.99")
+    wide = {k: (p50[k], p99[k]) for k in p50 if p99[k] - p50[k] > max(0.1 * p50[k], 0.00015)}
+    assert len(p50) == 24 and not wide, wide  # 12 paths, TCP and UDP
+
+
+def check_capacity_review() -> None:
+    """The capacity review from the demo's stored history (several tests of each path, whose median it
+    takes): Tokyo -> Osaka, bound by the inter-region cap (c6gn.xlarge: 5 Gbps, 500 Mbit/s at the lab's
+    scale) and, with one flow, the per-flow cap."""
+    cap = subprocess.run([*PATHPROBE, "capacity", "--from-prometheus", PROM, "--peer", "osaka-a", "--host",
+                          "tokyo-a", "--streams", "1,4", "--limit", "per_flow=500M", "--json"],
+                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert cap.returncode == 0, cap.stderr
+    rows = {r["streams"]: r["bits_per_second"] for r in json.loads(cap.stdout)["rows"]}
+    # What Prometheus holds, as the review says...
+    stored = query('quantile_over_time(0.5, pathprobe_throughput_bytes_per_second{host="tokyo-a", peer="osaka-a", '
+                   'streams="1", direction="send"}[30d])')  # fmt: skip
+    assert rows[1] == pytest.approx(float(stored[0]["value"][1]) * 8, rel=0.01)
+    # ...and a healthy path: one flow and four at their caps.
+    assert rows[1] == pytest.approx(500e6, rel=0.05), rows
+    assert rows[4] == pytest.approx(500e6, rel=0.05), rows
 
 
 # --- the demo ends cleanly however it ends ---------------------------------------------
