@@ -246,7 +246,9 @@ def delay_line_table() -> None:
             "added p99",
             "test Gbit/s",
             "CPU (core)",
+            "of it user",
             "CPU per Gbit/s",
+            "user per Gbit/s",
         ],
         rows,
     )
