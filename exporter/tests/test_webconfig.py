@@ -271,3 +271,13 @@ def test_the_example_follows_the_format() -> None:
     example = Path(__file__).parents[1] / "examples" / "web-config.yml"
     parsed = yamlfile.validate(yamlfile.load(example), webconfig.WebConfigFile)
     assert parsed.tls_server_config is not None and set(parsed.basic_auth_users) == {"prometheus"}
+
+
+def test_check_web_config_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    web = write(tmp_path / "web.yml", f"basic_auth_users: {{prom: '{bcrypt_hash('x')}'}}\n")
+    assert main(["check-web-config", str(web)]) == 0
+    assert capsys.readouterr().out == f"{web}: ok (plain HTTP; basic auth users: prom)\n"
+    write(web, "basic_auth_users: {prom: x}\nrate_limit: {burst: 1}\n")
+    assert main(["check-web-config", str(web)]) == 2
+    err = capsys.readouterr().err
+    assert f"{web}:1: (top level): rate_limit: part of exporter-toolkit" in err

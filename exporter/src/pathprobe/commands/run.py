@@ -35,6 +35,10 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--web.config.file", dest="web_config_file", type=Path, metavar="FILE",
                    help="the web config file to check instead of the config's web.config_file")  # fmt: skip
     c.set_defaults(func=cmd_check_config)
+    w = sub.add_parser("check-web-config", help="validate a web config file of /metrics alone (exit 2 listing "
+                       "every error), as promtool check web-config does")  # fmt: skip
+    w.add_argument("file", type=Path)
+    w.set_defaults(func=cmd_check_web_config)
     r = sub.add_parser("run", help="the exporter: responders, scheduled probes, /metrics")
     r.add_argument("--config", required=True)
     r.add_argument("--web.config.file", dest="web_config_file", type=Path, metavar="FILE",
@@ -69,6 +73,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     print(f"{args.file}: ok ({cfg.host.name}, {len(cfg.peers)} peers; probes {len(cfg.rtt_peers)} for RTT, "
           f"{len(cfg.throughput_peers)} for throughput)")  # fmt: skip
+    return 0
+
+
+def cmd_check_web_config(args: argparse.Namespace) -> int:
+    access = webconfig.load(args.file)  # a ConfigError lists the problems, exit 2
+    users = ", ".join(sorted(access.users)) or "none"
+    print(f"{args.file}: ok ({'TLS' if access.ssl_context else 'plain HTTP'}; basic auth users: {users})")
     return 0
 
 
