@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[1] / "exporter" / "src"))
 import contextlib
 
+import bcrypt
 from prometheus_client.parser import text_string_to_metric_families
 
 from pathprobe import wire
@@ -51,7 +52,10 @@ def tls_files(work: Path) -> tuple[Path, Path]:
 
 def start(work: Path) -> subprocess.Popen[bytes]:
     cert, key = tls_files(work)
-    (work / "password").write_text(PASSWORD)
+    # The web config file as exporter-toolkit reads it: TLS and one bcrypt user (cost 10, as htpasswd -B).
+    web = {"tls_server_config": {"cert_file": str(cert), "key_file": str(key)},
+           "basic_auth_users": {USER: bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(10)).decode()}}  # fmt: skip
+    (work / "web.yml").write_text(json.dumps(web))
     cfg = {
         "host": {"name": "target", "address": HOST, "region": "r1"},
         "peers": [{"name": "peer", "address": "127.0.0.2", "region": "r2", "path_class": "inter_region"}],
@@ -59,8 +63,7 @@ def start(work: Path) -> subprocess.Popen[bytes]:
                    "mtu": {"enabled": False}},
         "responders": {"listen": HOST, "rr_port": RR, "echo_port": RR, "allow": [f"{HOST}/32"]},
         "iperf3": {"port": IPERF3, "admit": "peers"},
-        "web": {"listen": f"{HOST}:{WEB}", "tls": {"cert_file": str(cert), "key_file": str(key)},
-                "basic_auth": {"username": USER, "password_file": str(work / "password")}},
+        "web": {"listen": f"{HOST}:{WEB}", "config_file": str(work / "web.yml")},
         "budget": {"state_file": str(work / "budget.json")},
     }  # fmt: skip
     path = work / "target.yaml"

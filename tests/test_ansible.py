@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import bcrypt
 import pytest
 import yaml
 
@@ -68,6 +69,12 @@ PASS_THROUGH = ["pathprobe_probes", "pathprobe_mesh", "pathprobe_schedule", "pat
                 "pathprobe_responders", "pathprobe_iperf3"]  # fmt: skip
 
 
+def role_vars() -> dict:
+    """The role's defaults and its own vars (what templates rendered outside the role need)."""
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    return defaults | yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
+
+
 def local_play(tmp_path: Path, inventory: dict, play: list[dict], extra: dict) -> subprocess.CompletedProcess[str]:
     """ansible-playbook of `play` over `inventory` (written in tmp_path) with `extra` vars."""
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
@@ -81,12 +88,11 @@ def local_play(tmp_path: Path, inventory: dict, play: list[dict], extra: dict) -
 def render_role_config(tmp_path: Path, extra: dict) -> tuple[subprocess.CompletedProcess[str], Path]:
     """The role's config template for host a of a two-host mesh, with the role's defaults and
     `extra` as extra vars, checked by `pathprobe check-config` as the role does."""
-    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
     # iperf3 authentication (on by default) names key files this machine lacks, which
     # check-config refuses: the deployment below covers it.
     extra = {"pathprobe_iperf3_auth": False, **extra}
     out = tmp_path / "pathprobe.yaml"
-    inventory = {"all": {"vars": defaults, "children": {"pathprobe": {"hosts": {
+    inventory = {"all": {"vars": role_vars(), "children": {"pathprobe": {"hosts": {
         "a": {"pathprobe_region": "r1", "pathprobe_address": "127.0.0.1", "ansible_connection": "local",
               "ansible_python_interpreter": sys.executable},
         "b": {"pathprobe_region": "r2", "pathprobe_address": "127.0.0.2"},
@@ -143,7 +149,7 @@ def test_the_role_passes_what_the_user_sets_through(tmp_path: Path) -> None:
 def render_config_change(tmp_path: Path, members: list[str], extra: dict) -> tuple[dict, bool]:
     """The role's config_change.yml and config template for host a of a mesh of `members`, with
     the config written in tmp_path by the previous call as the running one: (config, restart?)."""
-    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    defaults = role_vars()
     hosts = {m: {"pathprobe_region": f"r{i % 2}", "pathprobe_address": f"127.0.0.{i + 1}"}
              for i, m in enumerate(members)}  # fmt: skip
     hosts["a"] |= {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
@@ -159,6 +165,48 @@ def render_config_change(tmp_path: Path, members: list[str], extra: dict) -> tup
     proc = local_play(tmp_path, inventory, play, extra)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     return yaml.safe_load((tmp_path / "pathprobe.yaml").read_text()), (tmp_path / "restart").read_text() == "True"
+
+
+def test_the_web_config_file_hashes_passwords_on_the_controller_and_checks(tmp_path: Path) -> None:
+    """The role's web config template, as the prometheus-community roles write node_exporter's:
+    a password hashed with bcrypt (the same hash on the next run), a hash passed through, the
+    certificate files and a client CA, checked by `pathprobe check-web-config` before it lands."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+    cert, key = tmp_path / "web-cert.pem", tmp_path / "web-key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-subj", "/CN=a", "-days", "1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)  # fmt: skip
+    shutil.copy(cert, tmp_path / "web-client-ca.pem")
+    hashed = bcrypt.hashpw(b"ops-password", bcrypt.gensalt(4)).decode()
+    out = tmp_path / "web-config.yml"
+    inventory = {"all": {"vars": role_vars() | {"pathprobe_config_dir": str(tmp_path)}, "hosts": {
+        "a": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}  # fmt: skip
+    play = [{"name": "Render the web config", "hosts": "a", "gather_facts": False, "tasks": [
+        {"name": "Template", "ansible.builtin.template": {
+            "src": str(ROLE / "templates" / "web-config.yml.j2"), "dest": str(out), "mode": "0644",
+            "validate": f"{BIN / 'pathprobe'} check-web-config %s"}}]}]  # fmt: skip
+    extra = {"pathprobe_web_tls_cert": cert.read_text(), "pathprobe_web_tls_key": key.read_text(),
+             "pathprobe_web_tls_client_ca": cert.read_text(),
+             "pathprobe_web_config_tls_server_config": {"min_version": "TLS13"},
+             "pathprobe_web_config_basic_auth_users": {"prom": "s3cret", "ops": hashed}}  # fmt: skip
+    proc = local_play(tmp_path, inventory, play, extra)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    first = out.read_text()
+    web = yaml.safe_load(first)
+    assert web["tls_server_config"] == {
+        "cert_file": str(cert), "key_file": str(key), "client_ca_file": str(tmp_path / "web-client-ca.pem"),
+        "client_auth_type": "RequireAndVerifyClientCert", "min_version": "TLS13"}  # fmt: skip
+    assert web["basic_auth_users"]["ops"] == hashed
+    assert bcrypt.checkpw(b"s3cret", web["basic_auth_users"]["prom"].encode())
+    proc = local_play(tmp_path, inventory, play, extra)
+    assert proc.returncode == 0 and "changed=0" in proc.stdout, proc.stdout[-3000:]
+    assert out.read_text() == first
+    # A bad value stops the play with check-web-config's file:line, and the file in place stays.
+    extra["pathprobe_web_config_tls_server_config"] = {"client_auth_type": "RequireAnyClientCert"}
+    proc = local_play(tmp_path, inventory, play, extra)
+    assert proc.returncode != 0 and "RequireAnyClientCert (any certificate, none verified)" in proc.stdout
+    assert out.read_text() == first
 
 
 def test_the_role_restarts_for_exactly_what_a_reload_cannot_apply() -> None:
@@ -267,7 +315,7 @@ def web_credentials(work: Path, addresses: list[str]) -> dict[str, str]:
                     "-addext", f"subjectAltName={sans}", "-keyout", str(key), "-out", str(cert)],
                    check=True, capture_output=True)  # fmt: skip
     return {"pathprobe_web_tls_cert": cert.read_text(), "pathprobe_web_tls_key": key.read_text(),
-            "pathprobe_web_basic_auth_password": secrets.token_urlsafe(16)}  # fmt: skip
+            "pathprobe_web_config_basic_auth_users": {"prometheus": secrets.token_urlsafe(16)}}  # fmt: skip
 
 
 def inventory(work: Path, hosts: dict[str, dict], probes: dict, web: dict[str, str], extra: dict) -> Path:
@@ -335,7 +383,8 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         first = play(PROBES)
         second = play(PROBES) if first.returncode == 0 else first
         yield {"work": work, "roots": roots, "addresses": addresses, "first": first, "second": second,
-               "file_sd": file_sd, "play": play, "password": web["pathprobe_web_basic_auth_password"]}  # fmt: skip
+               "file_sd": file_sd, "play": play,
+               "password": web["pathprobe_web_config_basic_auth_users"]["prometheus"]}  # fmt: skip
     finally:
         for proc in machines.values():  # SIGTERM: systemd powers the host off (its units stop in order)
             procs.terminate(proc.pid, grace=30)
@@ -365,8 +414,10 @@ def test_deploys_then_changes_nothing_on_a_second_run(deployed: dict) -> None:
         # Only what the inventory set is written; the exporter's defaults apply to the rest.
         assert cfg["probes"]["rtt"] == {"interval_seconds": 0.1} and "responders" not in cfg
         assert cfg["budget"] == {"state_file": "/var/lib/pathprobe/budget.json"}
-        assert cfg["web"]["basic_auth"]["username"] == "prometheus" and "tls" in cfg["web"]
-        assert (root / "etc" / "pathprobe" / "web-password").stat().st_mode & 0o777 == 0o640
+        assert cfg["web"]["config_file"] == "/etc/pathprobe/web-config.yml"
+        web = root / "etc" / "pathprobe" / "web-config.yml"
+        assert web.stat().st_mode & 0o777 == 0o640
+        assert set(yaml.safe_load(web.read_text())) == {"tls_server_config", "basic_auth_users"}
     targets = json.loads(deployed["file_sd"].read_text())
     assert {t["labels"]["host"] for t in targets} == {h.name for h in TOPOLOGY.hosts}
     assert all(t["labels"]["region"] and t["labels"]["zone"] for t in targets)
@@ -572,7 +623,16 @@ def test_the_monitoring_play_writes_a_regional_and_a_global_prometheus(tmp_path:
         (work / "hosts.yml").write_text(yaml.safe_dump(inventory))
         settings = {"monitoring_file_sd_path": str(work / "pathprobe.json"), "monitoring_rules_dir": str(work),
                     "monitoring_alertmanager_config": str(work / "alertmanager.yml"),
-                    "monitoring_prometheus_config": str(work / "prometheus.yml")}  # fmt: skip
+                    "monitoring_prometheus_config": str(work / "prometheus.yml"),
+                    # /metrics with mutual TLS and a user given with its password, one with a hash only
+                    "pathprobe_web_tls_cert": "PEM", "monitoring_scrape_ca_file": str(work / "ca.pem"),
+                    "monitoring_scrape_client_cert_file": str(work / "client.pem"),
+                    "monitoring_scrape_client_key_file": str(work / "client-key.pem"),
+                    "monitoring_scrape_password_file": str(work / "password"),
+                    "pathprobe_web_config_basic_auth_users": {"ops": "$2b$04$" + "a" * 53,
+                                                              "scraper": "pw"}}  # fmt: skip
+        for name in ("client.pem", "client-key.pem"):  # promtool checks that they exist
+            (work / name).write_text("PEM")
         proc = run([str(BIN / "ansible-playbook"), "-i", str(work / "hosts.yml"), "playbooks/monitoring.yml",
                     "-e", json.dumps(settings)],
                    env={"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_NOCOLOR": "1",
@@ -583,6 +643,16 @@ def test_the_monitoring_play_writes_a_regional_and_a_global_prometheus(tmp_path:
         if layout == "regional":  # its region's exporters, the rules, region pairs sent on
             assert [t["labels"]["region"] for t in json.loads((work / "pathprobe.json").read_text())] == ["r1"]
             assert written["scrape_configs"][0]["file_sd_configs"] == [{"files": [str(work / "pathprobe.json")]}]
+            assert written["scrape_configs"][0]["basic_auth"] == {
+                "username": "scraper",
+                "password_file": str(work / "password"),
+            }
+            assert written["scrape_configs"][0]["tls_config"] == {
+                "ca_file": str(work / "ca.pem"),
+                "cert_file": str(work / "client.pem"),
+                "key_file": str(work / "client-key.pem"),
+            }
+            assert (work / "password").read_text() == "pw" and (work / "ca.pem").read_text() == "PEM"
             assert written["rule_files"] == [str(work / "pathprobe.rules.yml")]
             assert written["remote_write"][0]["url"] == "http://global:9090/api/v1/write"
             assert written["remote_write"][0]["write_relabel_configs"][0]["regex"] == "region_pair:.+"

@@ -4,6 +4,7 @@ parser, the files it mounts, promtool/amtool on the configs, targets against ser
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -103,3 +104,30 @@ def test_exporter_configs_are_valid_and_match_the_network() -> None:
         assert cfg["host"]["address"] == services[name]["networks"]["mesh"]["ipv4_address"]
         for peer in cfg["peers"]:
             assert peer["address"] == services[peer["name"]]["networks"]["mesh"]["ipv4_address"]
+
+
+def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a Dockerfile, continuation lines joined, comments dropped."""
+    joined = path.read_text().replace("\\\n", " ")
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line.strip() else "")
+        for line in (raw.strip() for raw in joined.splitlines())
+        if line and not line.startswith("#")
+    ]
+
+
+def test_the_exporter_image_runs_unprivileged_with_net_admin_only_and_oci_labels() -> None:
+    steps = dockerfile_instructions(ROOT / "exporter" / "Dockerfile")
+    users = [args for op, args in steps if op == "USER"]
+    assert users and users[-1].split(":")[0] not in ("root", "0"), users
+    labels = " ".join(args for op, args in steps if op == "LABEL")
+    for key in ("title", "description", "version", "revision", "created", "source", "licenses"):
+        assert f"org.opencontainers.image.{key}=" in labels, key
+    run = " ".join(args for op, args in steps if op == "RUN")
+    assert set(re.findall(r"setcap (\S+)", run)) == {"cap_net_admin+ep"}  # nft and tc: the firewall and the shaping
+    assert "_build.py" in run and "REVISION" in run  # the revision of the build info
+    assert [args for op, args in steps if op == "HEALTHCHECK" and "/-/ready" in args]
+    for name in ("tokyo", "osaka", "singapore"):
+        svc = compose_config()["services"][name]
+        assert svc["cap_drop"] == ["ALL"] and svc["cap_add"] == ["NET_ADMIN"], name
+        assert "/-/ready" in " ".join(svc["healthcheck"]["test"]), name

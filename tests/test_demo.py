@@ -32,8 +32,8 @@ def query(expr: str) -> list[dict]:
 
 
 # Grafana's variables as "All" selects them, and its interval macros.
-SUBSTITUTE = {"$region": ".*", "$host": ".*", "$peer": ".*", "$__rate_interval": "1m", "$volume_tb": "40",
-              "$price_per_gb": "0.02"}  # fmt: skip
+SUBSTITUTE = {"$job": ".+", "$instance": ".+", "$region": ".*", "$host": ".*", "$peer": ".*",
+              "$__rate_interval": "1m", "$volume_tb": "40", "$price_per_gb": "0.02"}  # fmt: skip
 NO_DATA_EXPECTED = {"Firing pathprobe alerts"}  # a healthy lab fires nothing
 # The default demo (40 s slots: a 120 s rotation) stays silent this long from its start: five rotations.
 SILENT_SECONDS = 600

@@ -9,7 +9,7 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from pathprobe.monitoring.params import Params
 
-from .common import DS, HALF, THIRD, dashboard, query, selector, series
+from .common import DS, HALF, THIRD, dashboard, query, selector, series, target
 
 
 def build(p: Params) -> Dashboard:
@@ -43,14 +43,14 @@ def build(p: Params) -> Dashboard:
         .with_panel(series(
             "Probe bytes per day", "Bytes the throughput probes moved per day: the monitoring's own transfer cost.",
             "decbytes",
-            query(f'sum by (host) (increase(pathprobe_probe_bytes_sent_total{{{p.selector}, host=~"$host", '
+            query(f'sum by (host) (increase(pathprobe_probe_bytes_sent_total{{{target(p)}, host=~"$host", '
                   'probe="throughput"}[1d]))', "{{host}}"),
             span=THIRD))
         .with_panel(series(
             "Probe cost per day", "Dollars the probes' transfer cost per day, at the exporters' budget.price_per_gb "
             "of each path class (none where no price is set).",
             "currencyUSD",
-            query(f'sum by (host) (increase(pathprobe_probe_cost_dollars_total{{{p.selector}, host=~"$host"}}[1d]))',
+            query(f'sum by (host) (increase(pathprobe_probe_cost_dollars_total{{{target(p)}, host=~"$host"}}[1d]))',
                   "{{host}}"),
             span=THIRD))
         .with_row(Row("Headroom and time"))

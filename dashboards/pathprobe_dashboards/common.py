@@ -1,10 +1,13 @@
 """What every pathprobe dashboard shares: the data source, the region/host/peer
 variables, the links between the dashboards, and small panel builders.
 
-Conventions: one `datasource` variable that every panel uses; `region`, `host` and
+Conventions: one `datasource` variable that every panel uses; `job` and `instance`
+variables, selected by every query of a series that has them, and `region`, `host` and
 `peer` variables (multi, all); a unit and a description on every panel; stable UIDs;
-rows, laid out by the SDK (no absolute positions); the selector and the thresholds
-from the monitoring parameters.
+rows, laid out by the SDK (no absolute positions); read-only (the code is the source);
+the selector and the thresholds from the monitoring parameters. Grafana's dashboard
+linter's rules (github.com/grafana/dashboard-linter, docs/rules) hold: tests/test_dashboards.py
+checks them, with the exceptions `json/.lint` lists (the linter's own exclusion file).
 """
 
 from __future__ import annotations
@@ -38,9 +41,14 @@ TAG = "pathprobe"
 FULL, HALF, THIRD, QUARTER = 24, 12, 8, 6
 
 
+def target(p: Params) -> str:
+    """The exporters' series, narrowed to the chosen jobs and instances (the scrape's own labels)."""
+    return f'{p.selector}, job=~"$job", instance=~"$instance"'
+
+
 def selector(p: Params) -> str:
-    """The exporters' series, narrowed by the dashboard's variables."""
-    return f'{p.selector}, region=~"$region", host=~"$host", peer=~"$peer"'
+    """The exporters' series of the chosen paths."""
+    return f'{target(p)}, region=~"$region", host=~"$host", peer=~"$peer"'
 
 
 def query(expr: str, legend: str = "", instant: bool = False, fmt: PromQueryFormat | None = None,
@@ -82,11 +90,14 @@ def grid(title: str, description: str, unit: str, expr: str, thresholds: Thresho
 
 
 def dashboard(p: Params, uid: str, title: str, description: str) -> Dashboard:
-    info = f"pathprobe_peer_info{{{p.selector}"
+    info = f"pathprobe_peer_info{{{target(p)}"
     return (
-        Dashboard(title).uid(uid).description(description).tags([TAG]).editable()
+        Dashboard(title).uid(uid).description(description).tags([TAG]).readonly()
         .time("now-6h", "now").refresh("1m").timezone("browser")
         .with_variable(DatasourceVariable("datasource").label("Data source").type("prometheus"))
+        .with_variable(variable("job", "Job", f"label_values(pathprobe_peer_info{{{p.selector}}}, job)", ".+"))
+        .with_variable(variable("instance", "Instance",
+                                f'label_values(pathprobe_peer_info{{{p.selector}, job=~"$job"}}, instance)', ".+"))
         .with_variable(variable("region", "Source region", f"label_values({info}}}, region)"))
         .with_variable(variable("host", "Source host", f'label_values({info}, region=~"$region"}}, host)'))
         .with_variable(variable("peer", "Peer", f'label_values({info}, host=~"$host"}}, peer)'))
@@ -95,8 +106,10 @@ def dashboard(p: Params, uid: str, title: str, description: str) -> Dashboard:
     )  # fmt: skip
 
 
-def variable(name: str, label: str, definition: str) -> QueryVariable:
+def variable(name: str, label: str, definition: str, all_value: str = ".*") -> QueryVariable:
+    """A multi-value variable from a query; "All" is `all_value` (job and instance: ".+", as the
+    linter's template rules ask: every series has them)."""
     return (
         QueryVariable(name).label(label).datasource(DS).query(definition).refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .multi(True).include_all(True).all_value(".*").current(VariableOption(True, "All", "$__all"))
+        .multi(True).include_all(True).all_value(all_value).current(VariableOption(True, "All", "$__all"))
     )  # fmt: skip

@@ -7,11 +7,11 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 
 from pathprobe.monitoring.params import Params
 
-from .common import DS, HALF, QUARTER, dashboard, lines, query, series, steps
+from .common import DS, HALF, QUARTER, dashboard, lines, query, series, steps, target
 
 
 def build(p: Params) -> Dashboard:
-    job = f'{p.selector}, host=~"$host"'
+    job = f'{target(p)}, host=~"$host"'
     return (
         dashboard(p, "pathprobe-exporter", "pathprobe / Exporter health",
                   "The exporters themselves: up, probe outcomes, byte budget, scrape cost, resources, schedule.")

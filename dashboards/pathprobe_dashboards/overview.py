@@ -62,7 +62,7 @@ def build(p: Params) -> Dashboard:
             .description("Alerts of the pathprobe rules firing now, with the path they name (on a regional or "
                          "single Prometheus: a global one evaluates no per-path alert).")
             .unit("short").datasource(DS).span(HALF).height(5)
-            .with_target(query('ALERTS{alertname=~"Pathprobe.*", alertstate="firing"}', instant=True,
+            .with_target(query('ALERTS{alertname=~"Pathprobe.*", alertstate="firing", job=~"$job"}', instant=True,
                                fmt=PromQueryFormat.TABLE))
             .with_transformation(DataTransformerConfig(id_val="organize", options={"excludeByName": {
                 "Time": True, "Value": True, "__name__": True, "alertstate": True, "job": True}})))

@@ -6,13 +6,13 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 
 from pathprobe.monitoring.params import Params
 
-from .common import FULL, THIRD, dashboard, lines, query, selector, series
+from .common import FULL, THIRD, dashboard, lines, query, selector, series, target
 
 
 def build(p: Params) -> Dashboard:
     sel = selector(p)
     # Sent packets of both states: the per-direction counters are not split by state.
-    sent = f"sum without (state) (rate(pathprobe_udp_packets_sent_total{{{sel}}}[5m]))"
+    sent = f"sum without (state) (rate(pathprobe_udp_packets_sent_total{{{sel}}}[$__rate_interval]))"
     rtt = "pathprobe_rtt_seconds"
     return (
         dashboard(p, "pathprobe-path", "pathprobe / Path detail",
@@ -56,13 +56,13 @@ def build(p: Params) -> Dashboard:
         .with_row(Row("Loss, flows and MTU"))
         .with_panel(series(
             "UDP echo loss by direction",
-            "Share of echo packets lost over 5 minutes in all, and on the way to the peer (forward) and back "
-            "(reverse), from the responder's own count.",
+            "Share of echo packets lost over 5 minutes in all (the recorded ratio), and on the way to the peer "
+            "(forward) and back (reverse), from the responder's own count, over the rate interval.",
             "percentunit",
             *lines((f"path:pathprobe_udp_loss_ratio:rate5m{{{sel}}}", "{{state}} {{host}} -> {{peer}}"),
-                   (f"rate(pathprobe_udp_packets_lost_forward_total{{{sel}}}[5m]) / {sent}",
+                   (f"rate(pathprobe_udp_packets_lost_forward_total{{{sel}}}[$__rate_interval]) / {sent}",
                     "forward {{host}} -> {{peer}}"),
-                   (f"rate(pathprobe_udp_packets_lost_reverse_total{{{sel}}}[5m]) / {sent}",
+                   (f"rate(pathprobe_udp_packets_lost_reverse_total{{{sel}}}[$__rate_interval]) / {sent}",
                     "reverse {{host}} -> {{peer}}")),
             span=THIRD))
         .with_panel(series(
@@ -90,12 +90,12 @@ def build(p: Params) -> Dashboard:
             "Probe attempts per second by probe and result (ok, busy, timeout, refused, unreachable, not_allowed, "
             "fragmentation_needed, error).",
             "ops",
-            query(f"sum by (probe, result) (rate(pathprobe_probe_runs_total{{{p.selector}, host=~\"$host\", "
+            query(f'sum by (probe, result) (rate(pathprobe_probe_runs_total{{{target(p)}, host=~"$host", '
                   'peer=~"$peer"}[$__rate_interval]))', "{{probe}} {{result}}")))
         .with_panel(series(
             "Last successful probe age",
             "Seconds since each probe last succeeded for the path.",
             "s",
-            query(f'time() - pathprobe_probe_last_success_timestamp_seconds{{{p.selector}, host=~"$host", '
+            query(f'time() - pathprobe_probe_last_success_timestamp_seconds{{{target(p)}, host=~"$host", '
                   'peer=~"$peer"}', "{{probe}} {{host}} -> {{peer}}")))
     )  # fmt: skip

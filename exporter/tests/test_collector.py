@@ -558,3 +558,16 @@ def test_a_reload_that_leaves_fewer_than_half_the_peers_is_counted(
     e.reload(config(tmp_path, peers=peers))  # 5 peers -> 2: a file cut short?
     assert value(samples(e), name) == 1
     assert "config reload left 2 of 5 probed peers (dropped: x0, x1, x2)" in caplog.text
+
+
+def test_readiness_says_why_until_the_responders_listen_and_iperf3_runs(tmp_path: Path) -> None:
+    e = Exporter(config(tmp_path))
+    assert e.unready() == "the responders are not listening yet"  # GET /-/ready: 503 with this
+    e.responders_listening = True
+    problem = e.unready()
+    assert problem is not None and problem.startswith("the iperf3 server is not running")
+    e.rooms.host.set_iperf3_up(True)
+    assert e.unready() is None
+    info = {s.name: s.labels for f in text_string_to_metric_families(generate_latest(registry(e.rooms)).decode())
+            for s in f.samples if s.name == "pathprobe_build_info"}  # fmt: skip
+    assert set(info["pathprobe_build_info"]) == {"version", "revision", "python_version"}

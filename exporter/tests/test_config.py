@@ -270,8 +270,7 @@ def test_files_the_config_names_are_checked_on_request(tmp_path: Path) -> None:
     text = MINIMAL + (
         "web:\n"
         "  listen: 127.0.0.1:9469\n"
-        f"  tls: {{cert_file: {tmp_path / 'cert.pem'}, key_file: {tmp_path / 'keys'}}}\n"
-        f"  basic_auth: {{username: prom, password_file: {tmp_path / 'missing'}}}\n"
+        f"  config_file: {tmp_path / 'keys'}\n"
         "iperf3:\n"
         "  auth:\n"
         "    username: mesh\n"
@@ -281,14 +280,26 @@ def test_files_the_config_names_are_checked_on_request(tmp_path: Path) -> None:
         f"    authorized_users_file: {tmp_path / 'cert.pem'}\n"
     )
     path = write(tmp_path, text)
-    assert config.load(path).web.tls is not None  # loadable as before without the check
+    assert config.load(path).web.config_file is not None  # loadable as before without the check
     with pytest.raises(ConfigError) as info:
         config.load(path, check_files=True)
     assert info.value.problems == [
-        f"{path}:6: web.tls.key_file: {tmp_path / 'keys'} is a directory, not a file",
-        f"{path}:7: web.basic_auth.password_file: cannot read {tmp_path / 'missing'}: No such file or directory",
-        f"{path}:12: iperf3.auth.public_key_file: cannot read {tmp_path / 'pub.pem'}: No such file or directory",
+        f"{path}:6: web.config_file: {tmp_path / 'keys'} is a directory, not a file",
+        f"{path}:11: iperf3.auth.public_key_file: cannot read {tmp_path / 'pub.pem'}: No such file or directory",
     ]
+
+
+def test_the_former_tls_and_basic_auth_sections_name_their_replacement(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "web:\n  tls: {cert_file: c, key_file: k}\n"
+                 "  basic_auth: {username: u, password_file: p}\n")  # fmt: skip
+    with pytest.raises(ConfigError) as info:
+        config.load(path)
+    tls, auth = info.value.problems
+    assert tls.startswith(f"{path}:5: web.tls: moved to the web config file (web.config_file or --web.config.file")
+    assert tls.endswith("tls_server_config: {cert_file: ..., key_file: ...}")
+    assert auth.startswith(f"{path}:6: web.basic_auth: moved to") and auth.endswith(
+        "basic_auth_users: {USER: BCRYPT-HASH}"
+    )
 
 
 def test_an_unresolvable_listen_host_is_reported_by_the_check(tmp_path: Path) -> None:

@@ -165,7 +165,7 @@ def test_an_epoch_ten_years_ahead_is_logged_at_start_and_reload_and_the_exporter
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=15)
     at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
-    warnings = [line for line in err.splitlines() if "WARNING pathprobe" in line and "mesh.epoch" in line]
+    warnings = [line for line in err.splitlines() if "level=warn source=pathprobe" in line and "mesh.epoch" in line]
     assert len(warnings) == 2, err[-3000:]  # at start, at the reload
     assert all(f"{ex.path}: mesh.epoch: {at} is 3650 days ahead of this host's clock" in w for w in warnings), warnings
     assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]

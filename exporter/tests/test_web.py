@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from certs import self_signed
+import yaml
+from certs import bcrypt_hash, self_signed
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from pathprobe.config import BasicAuth, TlsSettings, WebSettings
+from pathprobe.config import WebSettings
 from pathprobe.web import Limits, Snapshot, make_app, serve
+from pathprobe.webconfig import WebConfigSource
 
 
 def call(app: Any, path: str = "/metrics", auth: str | None = None) -> tuple[str, bytes]:
@@ -124,7 +126,7 @@ def test_a_first_render_that_raises_still_answers_200() -> None:
     breaks = Breaks()
     breaks.broken = True
     r.register(breaks)  # type: ignore[arg-type]
-    status, body = call(make_app(snapshot(r), None))
+    status, body = call(make_app(snapshot(r)))
     assert status == "200 OK"
     assert trailer_value(body, "pathprobe_scrape_render_errors_total") == 1
 
@@ -135,9 +137,15 @@ def test_gzip_snapshot_is_complete() -> None:
     assert b"pathprobe_test_value 5.0" in body and b"pathprobe_scrape_snapshot_age_seconds" in body
 
 
-def test_basic_auth() -> None:
+def users_file(tmp_path: Path, **users: str) -> WebConfigSource:
+    path = tmp_path / "web.yml"
+    path.write_text(yaml.safe_dump({"basic_auth_users": {u: bcrypt_hash(p) for u, p in users.items()}}))
+    return WebConfigSource(path)
+
+
+def test_basic_auth(tmp_path: Path) -> None:
     r, _ = registry_with(1)
-    app = make_app(snapshot(r), ("prom", "s3cret"))
+    app = make_app(snapshot(r), users_file(tmp_path, prom="s3cret"))
     assert call(app)[0].startswith("401")
     assert call(app, auth="prom:wrong")[0].startswith("401")
     status, body = call(app, auth="prom:s3cret")
@@ -146,7 +154,7 @@ def test_basic_auth() -> None:
 
 def test_paths() -> None:
     r, _ = registry_with(1)
-    app = make_app(snapshot(r), None)
+    app = make_app(snapshot(r))
     assert call(app, "/")[0].startswith("200")
     assert call(app, "/nope")[0].startswith("404")
 
@@ -164,13 +172,12 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.fixture
 def secured(tls_files: tuple[Path, Path], tmp_path: Path) -> WebSettings:
-    password = tmp_path / "password"
-    password.write_text("s3cret\n")
-    return WebSettings(
-        listen="127.0.0.1:0",
-        tls=TlsSettings(cert_file=tls_files[0], key_file=tls_files[1]),
-        basic_auth=BasicAuth(username="prom", password_file=password),
-    )
+    web = tmp_path / "web.yml"
+    web.write_text(yaml.safe_dump({
+        "tls_server_config": {"cert_file": str(tls_files[0]), "key_file": str(tls_files[1])},
+        "basic_auth_users": {"prom": bcrypt_hash("s3cret")},
+    }))  # fmt: skip
+    return WebSettings(listen="127.0.0.1:0", config_file=web)
 
 
 @contextlib.contextmanager
@@ -256,8 +263,8 @@ def test_idle_connections_are_closed_after_the_timeout_plain_and_tls(secured: We
         with running(settings, limits=quick) as (server, port):
             with socket.create_connection(("127.0.0.1", port)) as idle:
                 assert closed_by_server(idle, within=5.0)
-            assert scrape(port, tls=settings.tls is not None)[0] == 200
-            reason = "tls_handshake" if settings.tls else "timeout"
+            assert scrape(port, tls=settings.config_file is not None)[0] == 200
+            reason = "tls_handshake" if settings.config_file else "timeout"
             assert refusals(server, reason) >= 1
 
 

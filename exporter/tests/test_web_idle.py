@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from certs import self_signed
+from certs import bcrypt_hash, self_signed
 
 SOURCES = [f"127.0.0.{i}" for i in range(1, 11)]  # 127.0.0.1 is the scraper's too
 PER_SOURCE = 32
@@ -41,9 +41,11 @@ def web_config(tmp_path: Path, port: int, secured: bool) -> dict[str, object]:
     web: dict[str, object] = {"listen": f"127.0.0.1:{port}"}
     if secured:
         cert, key = tls_files(tmp_path)
-        (tmp_path / "password").write_text(PASSWORD + "\n")
-        web["tls"] = {"cert_file": str(cert), "key_file": str(key)}
-        web["basic_auth"] = {"username": USER, "password_file": str(tmp_path / "password")}
+        (tmp_path / "web.yml").write_text(yaml.safe_dump({
+            "tls_server_config": {"cert_file": str(cert), "key_file": str(key)},
+            "basic_auth_users": {USER: bcrypt_hash(PASSWORD)},
+        }))  # fmt: skip
+        web["config_file"] = str(tmp_path / "web.yml")
     return web
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections import Counter
+from collections.abc import Callable
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
@@ -222,20 +223,35 @@ class Responders(Strict):
     rr_max_connections_per_source: int = Field(default=2 * FLOWS_DEFAULT, ge=1)
 
 
-class TlsSettings(Strict):
-    cert_file: Path
-    key_file: Path
+def _moved_to_web_config(what: str) -> Callable[[object], None]:
+    """A validator refusing a field of the old web section, with where its setting lives now."""
+
+    def refuse(value: object) -> None:
+        if value is None:  # nothing set (and what a model_dump of a config writes back)
+            return
+        raise ValueError(
+            f"moved to the web config file (web.config_file or --web.config.file, exporter-toolkit's "
+            f"format: docs/web-configuration.md of github.com/prometheus/exporter-toolkit): {what}"
+        )
+
+    return refuse
 
 
-class BasicAuth(Strict):
-    username: str = Field(min_length=1)
-    password_file: Path
+MovedTls = Annotated[Any, BeforeValidator(_moved_to_web_config("tls_server_config: {cert_file: ..., key_file: ...}"))]
+MovedBasicAuth = Annotated[Any, BeforeValidator(_moved_to_web_config("basic_auth_users: {USER: BCRYPT-HASH}"))]
 
 
 class WebSettings(Strict):
     listen: str = Field(default="0.0.0.0:9469", pattern=r"^(\[[0-9a-fA-F:]+\]|[^:\[\]]*):[0-9]{1,5}$")
-    tls: TlsSettings | None = None
-    basic_auth: BasicAuth | None = None
+    # TLS and basic auth of /metrics: exporter-toolkit's web config file, as every Prometheus
+    # exporter reads it (webconfig.py); None: plain HTTP, no authentication.
+    config_file: Path | None = None
+    # The former `tls` and `basic_auth` sections are refused rather than mapped onto the web
+    # config: one place for one setting (two would need an order between them), the format every
+    # exporter and the prometheus-community roles share, and a bcrypt hash on disk instead of the
+    # plaintext password the old password_file held.
+    tls: MovedTls = Field(default=None, exclude=True)
+    basic_auth: MovedBasicAuth = Field(default=None, exclude=True)
     # POST /-/reload reloads the config, as SIGHUP does (off by default, like Prometheus's
     # --web.enable-lifecycle: anyone who reaches /metrics could ask for it).
     enable_lifecycle: bool = False
@@ -439,21 +455,14 @@ def _plain(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.
 
 def check_outside(cfg: Config) -> list[tuple[yamlfile.Loc, str]]:
     """What the file alone cannot tell: every file the config names exists and can be
-    read (TLS and basic-auth files of /metrics, iperf3's auth files), and web.listen's
-    host resolves. (Field path, problem) pairs; `load(path, check_files=True)` reports them."""
+    read (the web config file of /metrics, iperf3's auth files), and web.listen's host
+    resolves. (Field path, problem) pairs; `load(path, check_files=True)` reports them."""
     found: list[tuple[yamlfile.Loc, str]] = []
-    named = {
-        ("web", "tls"): cfg.web.tls,
-        ("web", "basic_auth"): cfg.web.basic_auth,
-        ("iperf3", "auth"): cfg.iperf3.auth,
-    }
-    files = [
-        ((*where, field), path)
-        for where, settings in named.items()
-        if settings is not None
-        for field, path in settings
-        if isinstance(path, Path)
-    ]
+    files: list[tuple[yamlfile.Loc, Path]] = []
+    if cfg.web.config_file is not None:
+        files.append((("web", "config_file"), cfg.web.config_file))
+    if cfg.iperf3.auth is not None:
+        files += [(("iperf3", "auth", name), path) for name, path in cfg.iperf3.auth if isinstance(path, Path)]
     for loc, path in files:
         problem = yamlfile.file_problem(path)
         if problem:

@@ -116,6 +116,16 @@ class Exporter:
         self.allowed = AllowList.of(cfg)  # the responders hold this object: a reload updates it in place
         self.interface = ena.interface(cfg.host.interface)
         self._probing: list[asyncio.Task[object]] = []
+        self.responders_listening = False  # from the responders' start to their close
+
+    def unready(self) -> str | None:
+        """Why this exporter is not ready (GET /-/ready says it with 503), or None: its config is loaded
+        (it is, to exist), its responders listen and its iperf3 server runs, so peers can probe it."""
+        if not self.responders_listening:
+            return "the responders are not listening yet"
+        if not self.rooms.host.iperf3_server_up:
+            return "the iperf3 server is not running (pathprobe_iperf3_server_up; the log says why)"
+        return None
 
     def _configure(self, cfg: Config, tracker: ExpectedTracker) -> None:
         self.cfg, self.tracker = cfg, tracker
@@ -246,6 +256,7 @@ class Exporter:
         running = await responders.start(
             self.cfg.responders, self.cfg.iperf3, self.allowed, self.rooms.host, self.iperf3_admission
         )
+        self.responders_listening = True
         self._probing = self._start_probers()
         background = [asyncio.create_task(self.turns.run(stop), name="throughput"),
                       asyncio.create_task(self.read_allowances(), name="allowances")]  # fmt: skip
@@ -259,4 +270,5 @@ class Exporter:
             _, stuck = await asyncio.wait(tasks, timeout=STOP_SECONDS)
             for t in stuck:
                 log.error("task %s did not stop", t.get_name())
+            self.responders_listening = False
             await running.close()

@@ -11,8 +11,23 @@ import sys
 _sighups: list[int] = []
 
 
+# The command's options that take a value as the next argument (commands/__init__.py).
+_VALUED = ("--log.level", "--log-level", "--log.format")
+
+
+def verb(argv: list[str]) -> str | None:
+    """The verb of `pathprobe [OPTIONS] VERB ...`: its first argument that is no option or option's value."""
+    args = iter(argv)
+    for arg in args:
+        if arg in _VALUED:
+            next(args, None)
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
 def main() -> int:
-    if "run" in sys.argv[1:4]:  # `pathprobe [--log-level L] run ...`
+    if verb(sys.argv[1:]) == "run":
         signal.signal(signal.SIGHUP, lambda signum, _frame: _sighups.append(signum))
     from .commands import main as command  # after the handler, on purpose
 

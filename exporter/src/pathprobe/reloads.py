@@ -37,8 +37,10 @@ _SPAWN = multiprocessing.get_context("spawn")
 
 
 class Reloads:
-    def __init__(self, exporter: Exporter, path: str | Path):
-        self.exporter, self.path = exporter, path
+    def __init__(self, exporter: Exporter, path: str | Path, also: Callable[[], object] | None = None):
+        """`also`: read again at each reload besides the config (the web config file), in a thread;
+        it logs and counts its own outcome, which leaves the config's untouched."""
+        self.exporter, self.path, self.also = exporter, path, also
         self._wanted = asyncio.Event()
         self._next: asyncio.Future[str | None] | None = None  # the answer of the next reload to start
 
@@ -56,6 +58,8 @@ class Reloads:
             await self._wanted.wait()
             self._wanted.clear()
             answer, self._next = self._next, None
+            if self.also is not None:
+                await in_daemon_thread(self.also)
             problem = await self._reload()
             if answer is not None and not answer.done():
                 answer.set_result(problem)

@@ -27,11 +27,10 @@ with the snapshot's trailer.
 from __future__ import annotations
 
 import asyncio
-import base64
 import concurrent.futures
 import contextlib
 import gzip
-import hmac
+import html
 import io
 import logging
 import resource
@@ -48,7 +47,9 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from . import __version__, build
 from .config import WebSettings
+from .webconfig import Passwords, WebConfigSource
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +71,10 @@ REFUSED_REASONS = (
 class Stats:
     """Connections refused or cut short, by reason (REFUSED_REASONS); shared by the server and the app."""
 
-    def __init__(self) -> None:
+    def __init__(self, web_config: WebConfigSource | None = None) -> None:
         self._lock = threading.Lock()
         self.refused: Counter[str] = Counter()
+        self.web_config = web_config
 
     def refuse(self, reason: str) -> None:
         with self._lock:
@@ -85,6 +87,7 @@ class Stats:
             "# HELP pathprobe_web_refused_total Connections to /metrics refused or cut short, by reason.",
             "# TYPE pathprobe_web_refused_total counter",
             *(f'pathprobe_web_refused_total{{reason="{r}"}} {counts.get(r, 0)}' for r in REFUSED_REASONS),
+            *(self.web_config.exposition() if self.web_config is not None else []),
         ]
         return ("\n".join(lines) + "\n").encode()
 
@@ -184,62 +187,92 @@ def _trailer(age: float, render_seconds: float, render_errors: int) -> bytes:
     ).encode()
 
 
-LANDING = b"""<html><head><title>pathprobe</title></head><body><h1>pathprobe</h1>
-<p><a href="/metrics">Metrics</a></p></body></html>"""
-
 # An Authorization header longer than this is refused before any comparison.
 MAX_AUTHORIZATION = 1024
 
 
 # Answers a reload: None when the new config was applied, else what is wrong with it.
 Reload = Callable[[], "str | None"]
+# Answers /-/ready: None when ready, else why not.
+Readiness = Callable[[], "str | None"]
+
+# Answered without basic auth: health checks (the compose healthcheck, the Ansible role's wait
+# for the start) need no scrape password, and what they tell (up; ready or why not) is no secret.
+# TLS, and a client certificate where one is required, apply to them as to any connection.
+OPEN_PATHS = ("/-/healthy", "/-/ready")
+TEXT = [("Content-Type", "text/plain; charset=utf-8")]
 
 
-def make_app(
-    snapshot: Snapshot, basic_auth: tuple[str, str] | None, reload: Reload | None = None
-) -> Callable[[dict[str, Any], StartResponse], Iterable[bytes]]:
-    return _App(snapshot, basic_auth, reload)
+def landing_page() -> bytes:
+    """The page at /: the version and the endpoints, as the toolkit's exporters show them."""
+    links = "".join(f'<li><a href="{href}">{href}</a>: {what}</li>' for href, what in (
+        ("/metrics", "the metrics"), ("/-/healthy", "200 while the exporter serves"),
+        ("/-/ready", "200 once it probes and answers peers, else 503 and why")))  # fmt: skip
+    return (f"<!DOCTYPE html><html><head><title>pathprobe exporter</title></head><body><h1>pathprobe exporter</h1>"
+            f"<p>Throughput, RTT and loss between regions. Version {html.escape(__version__)}, revision "
+            f"{html.escape(build.revision())}.</p><ul>{links}</ul></body></html>\n").encode()  # fmt: skip
+
+
+def make_app(snapshot: Snapshot, web_config: WebConfigSource | None = None, reload: Reload | None = None,
+             ready: Readiness | None = None) -> Callable[[dict[str, Any], StartResponse], Iterable[bytes]]:  # fmt: skip
+    return _App(snapshot, web_config or WebConfigSource(None), reload, ready)
 
 
 class _App:
-    """The WSGI app: /metrics (the snapshot), / and /-/reload, behind basic auth when set."""
+    """The WSGI app: /metrics (the snapshot), /, /-/healthy, /-/ready and /-/reload, behind the
+    web config's basic auth when it has users."""
 
-    def __init__(self, snapshot: Snapshot, basic_auth: tuple[str, str] | None, reload: Reload | None):
-        self.snapshot, self.reload = snapshot, reload
-        self.expected = None
-        if basic_auth:
-            self.expected = b"Basic " + base64.b64encode(f"{basic_auth[0]}:{basic_auth[1]}".encode())
+    def __init__(self, snapshot: Snapshot, web_config: WebConfigSource, reload: Reload | None,
+                 ready: Readiness | None):  # fmt: skip
+        self.snapshot, self.web_config, self.reload, self.ready = snapshot, web_config, reload, ready
+        self.passwords = Passwords()
+        self.landing = landing_page()
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        refused = self._unauthorized(environ, start_response)
-        if refused is not None:
-            return refused
         path = environ.get("PATH_INFO", "/")
-        if path == "/metrics":
-            return self._metrics(environ, start_response)
-        if path == "/-/reload":
-            return self._lifecycle(environ, start_response)
-        if path == "/":
-            start_response("200 OK", [("Content-Type", "text/html")])
-            return [LANDING]
-        start_response("404 Not Found", [("Content-Type", "text/plain")])
-        return [b"Not found\n"]
+        if path not in OPEN_PATHS:
+            refused = self._unauthorized(environ, start_response)
+            if refused is not None:
+                return refused
+        routes = {"/metrics": self._metrics, "/-/healthy": self._healthy, "/-/ready": self._ready,
+                  "/-/reload": self._lifecycle, "/": self._landing}  # fmt: skip
+        route = routes.get(path)
+        if route is None:
+            start_response("404 Not Found", TEXT)
+            return [b"Not found\n"]
+        return route(environ, start_response)
+
+    def _healthy(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        start_response("200 OK", TEXT)
+        return [b"pathprobe is healthy.\n"]
+
+    def _ready(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        problem = self.ready() if self.ready is not None else None
+        if problem is not None:
+            start_response("503 Service Unavailable", TEXT)
+            return [f"pathprobe is not ready: {problem}\n".encode()]
+        start_response("200 OK", TEXT)
+        return [b"pathprobe is ready.\n"]
+
+    def _landing(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
+        return [self.landing]
 
     def _refuse(self, reason: str) -> None:
         if self.snapshot.stats is not None:
             self.snapshot.stats.refuse(reason)
 
     def _unauthorized(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes] | None:
-        """The answer refusing a request without the password; None when it may go on."""
-        if self.expected is None:
+        """The answer refusing a request without a user's password; None when it may go on."""
+        users = self.web_config.current().users
+        if not users:
             return None
-        given = environ.get("HTTP_AUTHORIZATION", "").encode()
+        given = environ.get("HTTP_AUTHORIZATION", "")
         if len(given) > MAX_AUTHORIZATION:
             self._refuse("header_too_large")
             start_response("431 Request Header Fields Too Large", [("Content-Type", "text/plain")])
             return [b"Authorization header too large\n"]
-        # Constant time: the time taken says nothing about how much of the password matched.
-        if not hmac.compare_digest(given, self.expected):
+        if not self.passwords.check(users, given):
             self._refuse("unauthorized")
             start_response("401 Unauthorized", [("WWW-Authenticate", 'Basic realm="pathprobe"')])
             return [b"Unauthorized\n"]
@@ -409,10 +442,9 @@ class MetricsServer:
     to a small pool of workers that run the app."""
 
     def __init__(
-        self, listener: socket.socket, app: WsgiApp, *, stats: Stats, ssl_context: ssl.SSLContext | None,
-        limits: Limits,
+        self, listener: socket.socket, app: WsgiApp, *, stats: Stats, web_config: WebConfigSource, limits: Limits,
     ) -> None:  # fmt: skip
-        self.listener, self.app, self.stats, self.ssl_context, self.limits = listener, app, stats, ssl_context, limits
+        self.listener, self.app, self.stats, self.web_config, self.limits = listener, app, stats, web_config, limits
         self.server_address = listener.getsockname()
         self.max_connections = limits.connections or default_connections()
         self._by_source: dict[str, list[_Conn]] = {}  # oldest first
@@ -534,14 +566,17 @@ class MetricsServer:
     async def _exchange(self, conn: _Conn, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         """TLS handshake, request, answer, each under its deadline; True once the answer is out whole.
         A phase past its deadline raises TimeoutError (counted as `timeout`)."""
-        if self.ssl_context is not None and not await self._handshake(conn, writer):
+        # Per connection: a certificate, key, CA or users file changed on disk takes effect
+        # with the next connection (webconfig.WebConfigSource looks every few seconds).
+        context = self.web_config.current().ssl_context
+        if context is not None and not await self._handshake(conn, writer, context):
             return False
         try:
             async with asyncio.timeout(self.limits.request_seconds):
                 environ = await _read_request(reader, self.limits, conn.source)
             if environ is None:
                 return False
-            environ["wsgi.url_scheme"] = "https" if self.ssl_context is not None else "http"
+            environ["wsgi.url_scheme"] = "https" if context is not None else "http"
             conn.reading = False
             response = await self._loop.run_in_executor(self._pool, answer, self.app, environ)
         except _Refusal as refusal:
@@ -552,11 +587,10 @@ class MetricsServer:
             await writer.drain()
         return True
 
-    async def _handshake(self, conn: _Conn, writer: asyncio.StreamWriter) -> bool:
-        assert self.ssl_context is not None
+    async def _handshake(self, conn: _Conn, writer: asyncio.StreamWriter, context: ssl.SSLContext) -> bool:
         try:
             async with asyncio.timeout(self.limits.handshake_seconds):
-                await writer.start_tls(self.ssl_context)
+                await writer.start_tls(context)
         except (OSError, TimeoutError) as exc:  # ssl.SSLError, a timeout, a reset: one client's problem
             self.stats.refuse("tls_handshake")
             log.debug("metrics: TLS handshake with %s failed: %r", conn.source, exc)
@@ -575,27 +609,24 @@ async def _close(writer: asyncio.StreamWriter) -> None:
         writer.transport.abort()
 
 
-def serve(
-    settings: WebSettings, registry: CollectorRegistry, *, reload: Reload | None = None, limits: Limits | None = None
-) -> MetricsServer:
-    """Start the metrics server in a daemon thread; returns it for shutdown()."""
-    auth = None
-    if settings.basic_auth:
-        auth = (settings.basic_auth.username, settings.basic_auth.password_file.read_text().strip())
-    ctx = None
-    if settings.tls:
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.load_cert_chain(str(settings.tls.cert_file), str(settings.tls.key_file))
+def serve(  # noqa: PLR0913 - the settings, the registry, and what the exporter lends the server
+    settings: WebSettings, registry: CollectorRegistry, *, reload: Reload | None = None, ready: Readiness | None = None,
+    web_config: WebConfigSource | None = None, limits: Limits | None = None,
+) -> MetricsServer:  # fmt: skip
+    """Start the metrics server in a daemon thread; returns it for shutdown(). `web_config`: TLS
+    and basic auth (default: settings.config_file's; raises yamlfile.ConfigError when it is bad)."""
+    if web_config is None:
+        web_config = WebConfigSource(settings.config_file)
     host, port = settings.address()
     # Bound here, not in the server's thread: a taken port is the caller's OSError.
     listener = socket.create_server(
         (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=1024, reuse_port=False
     )
-    stats = Stats()
-    app = make_app(Snapshot(registry, stats=stats), auth, reload if settings.enable_lifecycle else None)
+    stats = Stats(web_config)
+    snapshot = Snapshot(registry, stats=stats)
+    app = make_app(snapshot, web_config, reload if settings.enable_lifecycle else None, ready)
     try:
-        return MetricsServer(listener, app, stats=stats, ssl_context=ctx, limits=limits or Limits())
+        return MetricsServer(listener, app, stats=stats, web_config=web_config, limits=limits or Limits())
     except BaseException:
         listener.close()
         raise

@@ -8,14 +8,13 @@ entry point group `pathprobe.commands`: each entry point names a module with the
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 from importlib import import_module
 from importlib.metadata import entry_points
 from types import ModuleType
 
-from .. import __version__
+from .. import __version__, logs
 from ..yamlfile import ConfigError
 from . import alerts, capacity, firewall, limits, probe, run, serve
 from .common import EXIT_BAD_INPUT
@@ -30,7 +29,12 @@ def plugins() -> list[ModuleType]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pathprobe", description="Throughput, RTT and loss between regions.")
     p.add_argument("--version", action="version", version=f"pathprobe {__version__}")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    # As Prometheus's exporters; --log-level (and "warning") as the earlier releases spelled them.
+    p.add_argument("--log.level", "--log-level", dest="log_level", default="info",
+                   type=lambda level: "warn" if level == "warning" else level, choices=logs.LEVELS,
+                   help="the least severe records logged")  # fmt: skip
+    p.add_argument("--log.format", dest="log_format", default="logfmt", choices=logs.FORMATS,
+                   help="one line per record: key=value pairs, or a JSON object")  # fmt: skip
     sub = p.add_subparsers(required=True, metavar="COMMAND")
     for module in [*VERBS, *plugins()]:
         module.add_parser(sub)
@@ -39,9 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.setup(args.log_level, args.log_format)
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:

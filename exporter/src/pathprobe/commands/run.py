@@ -14,11 +14,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import __version__, config, launch, limits, responders
+from .. import __version__, config, launch, limits, responders, webconfig
 from ..exporter import Exporter, epoch_too_far_ahead, host_max_mtu
 from ..metrics import registry
 from ..reloads import Reloads
 from ..web import raise_fd_limit, serve
+from ..webconfig import WebConfigSource
+from ..yamlfile import ConfigError
 from .common import EXIT_BAD_INPUT, EXIT_PROBE_FAILED, stop_on_signals
 
 log = logging.getLogger("pathprobe")
@@ -30,10 +32,25 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--free-ports", action="store_true",
                    help="also check that no other program holds the ports the exporter will listen on "
                         "(before it is started: a running exporter holds them itself)")  # fmt: skip
+    c.add_argument("--web.config.file", dest="web_config_file", type=Path, metavar="FILE",
+                   help="the web config file to check instead of the config's web.config_file")  # fmt: skip
     c.set_defaults(func=cmd_check_config)
+    w = sub.add_parser("check-web-config", help="validate a web config file of /metrics alone (exit 2 listing "
+                       "every error), as promtool check web-config does")  # fmt: skip
+    w.add_argument("file", type=Path)
+    w.set_defaults(func=cmd_check_web_config)
     r = sub.add_parser("run", help="the exporter: responders, scheduled probes, /metrics")
     r.add_argument("--config", required=True)
+    r.add_argument("--web.config.file", dest="web_config_file", type=Path, metavar="FILE",
+                   help="TLS and basic auth of /metrics, in exporter-toolkit's web config format (read again on "
+                        "a reload and when it or a file it names changes); default: the config's "
+                        "web.config_file")  # fmt: skip
     r.set_defaults(func=cmd_run)
+
+
+def web_config_file(args: argparse.Namespace, cfg: config.Config) -> Path | None:
+    """The web config file in force: --web.config.file, else the config's web.config_file."""
+    return args.web_config_file if args.web_config_file is not None else cfg.web.config_file
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -46,11 +63,23 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if args.free_ports:
         found += responders.held_ports(cfg)
     problems = [f"{args.file}: {p}" for p in found]
+    if (web := web_config_file(args, cfg)) is not None:
+        try:
+            webconfig.load(web)
+        except ConfigError as exc:
+            problems += exc.problems
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return EXIT_BAD_INPUT
     print(f"{args.file}: ok ({cfg.host.name}, {len(cfg.peers)} peers; probes {len(cfg.rtt_peers)} for RTT, "
           f"{len(cfg.throughput_peers)} for throughput)")  # fmt: skip
+    return 0
+
+
+def cmd_check_web_config(args: argparse.Namespace) -> int:
+    access = webconfig.load(args.file)  # a ConfigError lists the problems, exit 2
+    users = ", ".join(sorted(access.users)) or "none"
+    print(f"{args.file}: ok ({'TLS' if access.ssl_context else 'plain HTTP'}; basic auth users: {users})")
     return 0
 
 
@@ -102,8 +131,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = config.load(args.config, check_files=True)
     if (epoch := epoch_too_far_ahead(cfg, time.time())) is not None:
         log.warning("%s: %s", args.config, epoch)  # runs on: RTT, loss and the responders are not held back
+    web_config = WebConfigSource(web_config_file(args, cfg))  # a bad file: ConfigError, exit 2
     exporter = Exporter(cfg)
-    reloads = Reloads(exporter, args.config)
+    reloads = Reloads(exporter, args.config, also=web_config.reload)
     running: list[asyncio.AbstractEventLoop] = []
 
     def reload_from_web() -> str | None:  # on a web thread: the reload is asked for on the loop
@@ -117,7 +147,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     raise_fd_limit()  # before any connection: /metrics' cap on connections follows it
     try:
-        server = serve(cfg.web, registry(exporter.rooms), reload=reload_from_web)
+        server = serve(cfg.web, registry(exporter.rooms), reload=reload_from_web, ready=exporter.unready,
+                       web_config=web_config)  # fmt: skip
     except OSError as exc:  # a taken port, an unusable certificate (ssl.SSLError)
         print(f"pathprobe: cannot serve /metrics on {cfg.web.listen}: {exc}", file=sys.stderr)
         return EXIT_PROBE_FAILED

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import InfoMetricFamily, Metric
 
-from .. import __version__, instance_types
+from .. import build, instance_types
 from ..config import Config, Peer, ThroughputSettings
 from .common import PEER, TEST, gauge, peer_labels
 
@@ -35,9 +35,11 @@ class ConfigInfo:
 
     def collect(self) -> Iterator[Metric]:
         cfg = self.cfg
-        build = InfoMetricFamily("pathprobe_build", "Version of the pathprobe exporter.")
-        build.add_metric([], {"version": __version__})
-        yield build
+        info = InfoMetricFamily(
+            "pathprobe_build", "The pathprobe exporter's version, the git commit it was built from, its Python."
+        )
+        info.add_metric([], build.labels())
+        yield info
         yield from self._peers(cfg)
         yield from self._instance_types(cfg)
 

@@ -17,8 +17,11 @@ from ..config import Strict
 class Params(Strict):
     """Every threshold and window of the rules; the defaults suit production meshes."""
 
-    runbook_url: str = Field(default="https://github.com/pathprobe/pathprobe/blob/main/alerts/runbook.md",
-                             description="the runbook; each alert links to its section")  # fmt: skip
+    runbook_url_base: str = Field(
+        default="alerts/runbook.md",
+        description="the runbook each alert links to, at its own section (#alertname in lower case): a path in "
+        "this repository by default; set it to the URL of your own copy",
+    )
     selector: str = Field(default='job="pathprobe"', description="label matchers of the exporters' series")
     throughput_ratio_warning: float = Field(default=0.8, gt=0, le=1, description="share of expected, warning")
     throughput_ratio_critical: float = Field(default=0.5, gt=0, le=1, description="share of expected, critical")

@@ -51,7 +51,7 @@ class Alert:
         rule["annotations"] = {
             "summary": self.summary,
             "description": self.description,
-            "runbook_url": f"{p.runbook_url}#{self.name.lower()}",
+            "runbook_url": f"{p.runbook_url_base}#{self.name.lower()}",
         }
         return rule
 
