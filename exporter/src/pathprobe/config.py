@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from . import mesh as selection
-from . import yamlfile
+from . import wire, yamlfile
 from .units import parse_quantity
 
 
@@ -65,6 +65,16 @@ class Host(Strict):
     instance_type: str = ""
     # Whose ENA allowance counters (ethtool -S) to read; default: the default route's interface.
     interface: str = Field(default="", pattern=r"^[A-Za-z0-9_.:@-]{0,15}$")
+    # The address probes and tests leave from (peers admit this host by `address`); default:
+    # `address` when this host holds it, else the route's choice (a NAT's or an Elastic IP's).
+    source_address: IPvAnyAddress | None = None
+
+    @cached_property
+    def probe_source(self) -> str | None:
+        """The address every probe and test binds to, or None for the route's choice."""
+        if self.source_address is not None:
+            return str(self.source_address)
+        return str(self.address) if wire.sendable_from(str(self.address)) else None
 
 
 class SteadyStateSettings(Strict):

@@ -115,6 +115,10 @@ class Exporter:
                                      self.budget, clock)  # fmt: skip
         self.allowed = AllowList.of(cfg)  # the responders hold this object: a reload updates it in place
         self.interface = ena.interface(cfg.host.interface)
+        if cfg.host.probe_source is None:
+            log.warning("host.address %s is not one of this host's addresses: probes leave from the route's "
+                        "address, which peers admit only by responders.allow (host.source_address names it)",
+                        cfg.host.address)  # fmt: skip
         self._probing: list[asyncio.Task[object]] = []
         self.responders_listening = False  # from the responders' start to their close
 
@@ -222,7 +226,7 @@ class Exporter:
         """The responder a continuous probe of `kind` reaches: rr for RTT, echo for loss and MTU."""
         responders = self.cfg.responders
         port = (peer.rr_port or responders.rr_port) if kind == "rtt" else (peer.echo_port or responders.echo_port)
-        return Target(str(peer.address), port)
+        return Target(str(peer.address), port, self.cfg.host.probe_source)
 
     def _settings(self, kind: str, peer: Peer, local_mtu: int | None) -> BaseModel | None:
         """The settings model of a continuous probe of `kind` (None: disabled); MTU sizes as this path

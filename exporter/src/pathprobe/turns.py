@@ -148,7 +148,7 @@ class ThroughputTurns:
 
     async def _run_test(self, peer: Peer, test: ThroughputTest, spec: TestSpec, deadline: float) -> None:
         """One test, tried again while the peer's server is busy and the turn has time for it."""
-        target = Target(str(peer.address), peer.iperf3_port or self.cfg.iperf3.port)
+        target = Target(str(peer.address), peer.iperf3_port or self.cfg.iperf3.port, self.cfg.host.probe_source)
         key = TestKey.of(peer.name, spec)
         while True:
             if self.clock() + test.max_seconds() > deadline:

@@ -58,6 +58,32 @@ def stream_socket(address: str) -> socket.socket:
     return sock
 
 
+def probe_socket(address: str, kind: socket.SocketKind, source: str | None) -> socket.socket:
+    """A prober's non-blocking socket towards `address`, bound to `source` when given: peers
+    admit a host by the address they know it by, which on a multi-homed host need not be the
+    one the route would pick."""
+    sock = socket.socket(socket_family(address), kind)
+    try:
+        sock.setblocking(False)
+        if source is not None:
+            sock.bind((source, 0))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def sendable_from(address: str) -> bool:
+    """Whether this host holds `address` (a socket can be bound to it). A host known to its
+    peers by an address it does not hold (a NAT's, an Elastic IP's) sends from the route's."""
+    with socket.socket(socket_family(address), socket.SOCK_DGRAM) as sock:
+        try:
+            sock.bind((address, 0))
+        except OSError:
+            return False
+    return True
+
+
 def tune(sock: socket.socket) -> None:
     """A connected socket: no Nagle delay, and a receive timestamp with every read."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -39,8 +39,7 @@ def add_parser(sub: Any) -> None:
 
 def _add_throughput(probe: Any) -> None:
     t = probe.add_parser("throughput", help="iperf3 test against a peer's iperf3 server")
-    t.add_argument("target")
-    t.add_argument("--port", type=int, default=default(Iperf3Settings, "port"))
+    _target_arguments(t, default(Iperf3Settings, "port"))
     t.add_argument("--streams", "-P", type=int, default=1)
     t.add_argument("--duration", "-t", type=float, default=default(ThroughputSettings, "duration_seconds"))
     t.add_argument("--omit", "-O", type=float, default=default(ThroughputSettings, "omit_seconds"))
@@ -69,10 +68,19 @@ def _add_throughput(probe: Any) -> None:
 def _continuous(probe: Any, name: str, help: str, port: int, count: int) -> Any:  # noqa: A002 - argparse's word
     """The parser of a continuous probe run a few times: its target, port and count."""
     p = probe.add_parser(name, help=help)
-    p.add_argument("target")
-    p.add_argument("--port", type=int, default=port)
+    _target_arguments(p, port)
     p.add_argument("--count", "-c", type=int, default=count)
     return p
+
+
+def _target_arguments(p: Any, port: int) -> None:
+    p.add_argument("target")
+    p.add_argument("--port", type=int, default=port)
+    p.add_argument("--source", help="the local address to send from (default: the route's)")
+
+
+def _target(args: argparse.Namespace) -> Target:
+    return Target(args.target, args.port, args.source)
 
 
 def _add_rtt(probe: Any) -> None:
@@ -101,8 +109,7 @@ def _add_loss(probe: Any) -> None:
 
 def _add_mtu(probe: Any) -> None:
     m = probe.add_parser("mtu", help="which IP packet sizes the path carries (Don't Fragment set)")
-    m.add_argument("target")
-    m.add_argument("--port", type=int, default=default(Responders, "echo_port"))
+    _target_arguments(m, default(Responders, "echo_port"))
     m.add_argument("--size", type=int, action="append", dest="sizes",
                    help="IP packet size (repeatable); default: " + ", ".join(
                        f"{k} {v}" for k, v in MTU_BY_PATH_CLASS.items()) + " by --path-class")  # fmt: skip
@@ -139,7 +146,7 @@ def cmd_throughput(args: argparse.Namespace) -> int:
         binary=args.iperf3,
     )  # fmt: skip
     try:
-        result = asyncio.run(ThroughputProber(Target(args.target, args.port), test).measure())
+        result = asyncio.run(ThroughputProber(_target(args), test).measure())
     except ProbeFailure as exc:
         return _fail("throughput", args.target, exc)
     print(json.dumps(result.to_json(), indent=2) if args.json else describe_throughput(args.target, result))
@@ -181,7 +188,7 @@ def cmd_rtt(args: argparse.Namespace) -> int:
     settings = _settings(RttSettings, interval_seconds=args.interval, size_bytes=args.size,
                          timeout_seconds=args.timeout, flows=args.flows)  # fmt: skip
     report = RttReport("tcp", args.interval, args.size)
-    asyncio.run(RttProber(Target(args.target, args.port), settings, ReportSink(report)).run(count=args.count))
+    asyncio.run(RttProber(_target(args), settings, ReportSink(report)).run(count=args.count))
     return _finish(args, "rtt", report)
 
 
@@ -189,7 +196,7 @@ def cmd_loss(args: argparse.Namespace) -> int:
     settings = _settings(LossSettings, rate_pps=args.rate, size_bytes=args.size,
                          timeout_seconds=args.timeout, flows=args.flows)  # fmt: skip
     report = RttReport("udp", 1 / args.rate, args.size)
-    asyncio.run(EchoProber(Target(args.target, args.port), settings, ReportSink(report)).run(count=args.count))
+    asyncio.run(EchoProber(_target(args), settings, ReportSink(report)).run(count=args.count))
     return _finish(args, "loss", report)
 
 
@@ -202,7 +209,7 @@ def cmd_mtu(args: argparse.Namespace) -> int:
         def mtu(self, size: int, carried: bool, reason: str | None) -> None:
             seen.append({"size_bytes": size, "carried": carried, "reason": reason})
 
-    asyncio.run(MtuProber(Target(args.target, args.port), settings, Sink()).run(rounds=1))
+    asyncio.run(MtuProber(_target(args), settings, Sink()).run(rounds=1))
     if args.json:
         print(json.dumps(seen, indent=2))
     else:

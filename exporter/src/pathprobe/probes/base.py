@@ -29,10 +29,12 @@ BACKOFF_SECONDS = 1.0
 
 @dataclass(frozen=True)
 class Target:
-    """Where a prober sends: the peer's address and the port of its responder."""
+    """Where a prober sends: the peer's address and the port of its responder, and the
+    address it sends from (None: the kernel's choice by the route)."""
 
     address: str
     port: int
+    source: str | None = None
 
 
 class ProbeFailure(Exception):

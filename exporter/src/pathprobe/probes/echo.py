@@ -172,9 +172,8 @@ class EchoProber:
         socks: list[socket.socket] = []
         try:
             for _ in range(self.settings.flows):
-                sock = socket.socket(wire.socket_family(t.address), socket.SOCK_DGRAM)
+                sock = wire.probe_socket(t.address, socket.SOCK_DGRAM, t.source)
                 socks.append(sock)
-                sock.setblocking(False)
                 stamps.enable(sock)
                 sock.connect((t.address, t.port))
         except OSError as exc:

@@ -56,11 +56,10 @@ class MtuProber:
         loop = asyncio.get_running_loop()
         self._seq += 1
         try:
-            sock = socket.socket(family, socket.SOCK_DGRAM)
+            sock = wire.probe_socket(t.address, socket.SOCK_DGRAM, t.source)
         except OSError as exc:  # e.g. out of file descriptors: reported, never raised
             return False, reason_of_oserror(exc)
         try:
-            sock.setblocking(False)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, IPV6_MTU_DISCOVER, PMTUDISC_PROBE)
             else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import Iterator
 
@@ -88,7 +89,7 @@ class RttProber:
         t = self.target
         conn: wire.Connection | None = None
         with self._failures("hello"):
-            sock = wire.stream_socket(t.address)
+            sock = wire.probe_socket(t.address, socket.SOCK_STREAM, t.source)
         try:
             with self._failures("hello"):
                 async with asyncio.timeout(self.settings.timeout_seconds):

@@ -81,6 +81,8 @@ class ThroughputTest:
             "-P", str(self.streams),
             "--connect-timeout", str(int(self.connect_timeout_seconds * 1000)),
         ]  # fmt: skip
+        if target.source is not None:
+            cmd += ["-B", target.source]
         if self.protocol == "udp":
             # -b is per stream in iperf3; the configured rate is the total.
             cmd += ["-u", "-b", f"{self.udp_bitrate / self.streams:.0f}"]
