@@ -88,7 +88,7 @@ def build(p: Params) -> Dashboard:
         .with_panel(series(
             "Probe outcomes",
             "Probe attempts per second by probe and result (ok, busy, timeout, refused, unreachable, not_allowed, "
-            "fragmentation_needed, error).",
+            "out_of_turn, fragmentation_needed, error).",
             "ops",
             query(f'sum by (probe, result) (rate(pathprobe_probe_runs_total{{{target(p)}, host=~"$host", '
                   'peer=~"$peer"}[$__rate_interval]))', "{{probe}} {{result}}")))

@@ -1,5 +1,6 @@
 """iperf3 -J parsing, on outputs captured from real iperf3 3.12 runs."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -70,12 +71,28 @@ def test_json_without_end_section_is_an_error() -> None:
         ("unable to connect to server: Connection timed out", "timeout"),
         ("test authorization failed", "not_allowed"),
         ("unable to receive control message: Connection reset by peer", "busy"),  # the server between two tests
-        ("unable to write to stream socket: Connection reset by peer", "error"),  # a test cut short
+        # The peer's admission killed its server as the test connected (before any interval).
+        ("unable to write to stream socket: Connection reset by peer", "out_of_turn"),
+        ("control socket has closed unexpectedly", "out_of_turn"),
         ("something new", "error"),
     ],
 )
 def test_classify_error(message: str, reason: str) -> None:
     assert classify_error(message) == reason
+
+
+@pytest.mark.parametrize(
+    "message", ["unable to write to stream socket: Connection reset by peer", "control socket has closed unexpectedly"]
+)
+def test_a_test_cut_after_its_first_interval_is_an_error_not_a_refusal(message: str) -> None:
+    assert classify_error(message, started=True) == "error"
+    doc = json.loads(load("tcp_2streams.json")) | {"error": message}
+    with pytest.raises(ProbeFailure) as info:
+        parse(json.dumps(doc), ThroughputTest())
+    assert info.value.reason == "error"
+    with pytest.raises(ProbeFailure) as info:
+        parse(json.dumps(doc | {"intervals": []}), ThroughputTest())
+    assert info.value.reason == "out_of_turn"
 
 
 def test_command_line_carries_every_setting() -> None:

@@ -20,8 +20,10 @@ if TYPE_CHECKING:
     from .throughput import ThroughputResult
 
 # The `result` label of pathprobe_probe_runs_total; order is the documented one.
-REASONS = ("ok", "busy", "timeout", "refused", "unreachable", "not_allowed", "fragmentation_needed", "error")
-Reason = Literal["busy", "timeout", "refused", "unreachable", "not_allowed", "fragmentation_needed", "error"]
+REASONS = ("ok", "busy", "timeout", "refused", "unreachable", "not_allowed", "out_of_turn", "fragmentation_needed",
+           "error")  # fmt: skip
+Reason = Literal["busy", "timeout", "refused", "unreachable", "not_allowed", "out_of_turn", "fragmentation_needed",
+                 "error"]  # fmt: skip
 
 # A failing peer is not probed faster than this.
 BACKOFF_SECONDS = 1.0

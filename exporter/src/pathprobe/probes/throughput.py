@@ -36,7 +36,14 @@ _ERROR_REASONS: tuple[tuple[str, Reason], ...] = (
     ("timeout", "timeout"),
     ("authentication failed", "not_allowed"),
     ("authorization failed", "not_allowed"),
+    # A peer's admission cuts a test it refuses by killing its server as the test connects
+    # (responders/iperf3.py): out of turn by the peer's clock. (A host the peer does not admit
+    # at all is cut the same way; its RTT and loss probes then read not_allowed too.)
+    ("control socket has closed unexpectedly", "out_of_turn"),
+    ("unable to write to stream socket: connection reset", "out_of_turn"),
 )
+# Reasons that only a test cut before its first interval can have: later, the same message is a failure.
+_AT_START_ONLY: tuple[Reason, ...] = ("out_of_turn",)
 # iperf3 -J of a 60 s test with 128 streams is a few MB; a child printing more is broken.
 MAX_OUTPUT_BYTES = 32 * 2**20
 MAX_STDERR_BYTES = 64 * 2**10
@@ -142,11 +149,12 @@ class ThroughputResult:
         return int(self.bytes_transferred * (self.duration_seconds + self.omit_seconds) / self.duration_seconds)
 
 
-def classify_error(message: str) -> Reason:
+def classify_error(message: str, started: bool = False) -> Reason:
+    """The reason for iperf3's error `message`; `started`: the test had reported an interval."""
     low = message.lower()
     for needle, reason in _ERROR_REASONS:
         if needle in low:
-            return reason
+            return "error" if started and reason in _AT_START_ONLY else reason
     return "error"
 
 
@@ -161,7 +169,7 @@ def parse(output: str | bytes, test: ThroughputTest, now: float | None = None) -
         raise ProbeFailure("error", "iperf3 output is not a JSON object")
     if doc.get("error"):
         message = str(doc["error"])
-        raise ProbeFailure(classify_error(message), message)
+        raise ProbeFailure(classify_error(message, started=bool(doc.get("intervals"))), message)
     try:
         result = _result(doc, test, now)
     except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
