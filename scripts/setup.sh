@@ -10,9 +10,10 @@ cd "$(dirname "$0")/.."
 # systemd-container boots them (systemd-nspawn) and Ansible reaches them over SSH;
 # systemd's systemd-analyze checks the unit the role writes.
 # gcc, libnetfilter-queue-dev and libmnl-dev build the lab's delay line (lab/delayline/).
+# faketime runs an exporter with its clock ahead of its peers' in the clock-skew test.
 packages=(iperf3 iproute2 nftables iptables iputils-ping procps python3-venv prometheus prometheus-alertmanager
   docker-compose debootstrap systemd-container openssh-client openssl systemd ethtool
-  gcc libc6-dev libnetfilter-queue-dev libmnl-dev)
+  gcc libc6-dev libnetfilter-queue-dev libmnl-dev faketime)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

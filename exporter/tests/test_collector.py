@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pathprobe import metrics, turns
 from pathprobe.config import Config
+from pathprobe.config import TestSpec as Spec
 from pathprobe.expected import RttWindow
 from pathprobe.exporter import Exporter, schedule_of
 from pathprobe.metrics import registry
@@ -264,6 +265,10 @@ def test_iperf3_admits_a_peer_in_its_turn_and_counts_every_outcome(tmp_path: Pat
     assert e.iperf3_admission("198.18.3.2") == ("ok" if admit == "peers" else "out_of_turn")  # c: not its turn
     assert e.iperf3_admission("192.0.2.7") == "not_allowed"  # a stranger
     assert e.iperf3_admission("203.0.113.9") == "ok"  # responders.allow: any time
+    with e.turns._in_test("c", Spec("tcp", "1", "send")):  # a's own test runs (its clock is behind b's)
+        assert e.iperf3_admission("198.18.2.2") == ("ok" if admit == "peers" else "out_of_turn")
+        assert e.iperf3_admission("203.0.113.9") == "ok"
+    assert e.iperf3_admission("198.18.2.2") == "ok"
     now[0] = a_turn.start + 1  # a is the client now: nobody may test it
     assert e.iperf3_admission("198.18.2.2") == ("ok" if admit == "peers" else "out_of_turn")
     got = samples(e)

@@ -79,6 +79,35 @@ def test_jitter_follows_rtt_changes() -> None:
     assert r.jitter_seconds == pytest.approx(0.010 / 16 + (0.010 - 0.010 / 16) / 16, rel=0.05)
 
 
+def test_the_least_delayed_echo_gives_the_clock_offset() -> None:
+    offsets: list[float] = []
+    c, _ = client()
+    c.sink.clock_offset = offsets.append  # type: ignore[method-assign]
+    resp = EchoResponder(AllowList(["0.0.0.0/0"]), max_pps_per_source=100, count=lambda *_: None)
+    echoes: list[bytes] = []
+    resp.sendto = lambda data, addr: echoes.append(data)  # type: ignore[method-assign]
+    now = time.time_ns()
+    for seq, sent_ago_ms in enumerate((500, 2, 100)):  # the second one's exchange took the least time
+        send(c, seq, time.perf_counter())
+        resp.datagram_received(packet(seq, 64, now - sent_ago_ms * 1_000_000), ("198.18.1.2", 4000))
+        c.datagram_received(echoes[-1], ("198.18.1.2", 9470))
+    assert len(offsets) == 3
+    # Same clock both ends: the offset is half the exchange's apparent delay, smallest for the second.
+    assert offsets[1] == offsets[2] and 0.0005 < offsets[1] < 0.0015
+    assert offsets[0] == pytest.approx(0.25, abs=0.01)
+
+
+def test_an_echo_without_the_responders_clocks_gives_no_offset() -> None:
+    offsets: list[float] = []
+    c, _ = client()
+    c.sink.clock_offset = offsets.append  # type: ignore[method-assign]
+    send(c, 0, time.perf_counter())
+    c.datagram_received(packet(0, 64, time.time_ns()), ("x", 1))  # an older responder: zeros there
+    send(c, 1, time.perf_counter())
+    c.datagram_received(packet(1, 36, time.time_ns()), ("x", 1))  # no room for them
+    assert offsets == []
+
+
 class FakeTransport:
     def __init__(self) -> None:
         self.sent: list[tuple[bytes, tuple[str, int]]] = []

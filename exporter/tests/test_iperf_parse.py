@@ -74,6 +74,8 @@ def test_json_without_end_section_is_an_error() -> None:
         # The peer's admission killed its server as the test connected (before any interval).
         ("unable to write to stream socket: Connection reset by peer", "out_of_turn"),
         ("control socket has closed unexpectedly", "out_of_turn"),
+        ("unable to initialize stream: Transport endpoint is not connected", "out_of_turn"),
+        ("unable to write to stream socket: Broken pipe", "out_of_turn"),
         ("something new", "error"),
     ],
 )

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pathprobe.stamps import network_rtt
+from pathprobe.stamps import clock_offset, network_rtt
 
 
 def test_hold_time_is_taken_out() -> None:
@@ -18,3 +18,16 @@ def test_a_wall_clock_step_falls_back_to_the_monotonic_interval() -> None:
 def test_a_hold_beyond_the_round_trip_cannot_make_it_negative() -> None:
     assert network_rtt(0, 8_000_000, 0.009, 50_000_000) == 0.0
     assert network_rtt(0, 8_000_000, 0.009, -5) == pytest.approx(0.008)
+
+
+def test_the_clock_offset_of_a_symmetric_exchange_is_exact() -> None:
+    # 10 ms each way, the peer's clock 2 s ahead, 1 ms held there.
+    offset, delay = clock_offset(0, 2_010_000_000, 2_011_000_000, 21_000_000)
+    assert offset == pytest.approx(2.0) and delay == pytest.approx(0.020)
+
+
+def test_an_asymmetric_exchange_errs_by_at_most_half_its_delay() -> None:
+    # 30 ms there, 2 ms back, the clocks agree: the offset reads half the difference.
+    offset, delay = clock_offset(0, 30_000_000, 30_000_000, 32_000_000)
+    assert offset == pytest.approx(0.014) and delay == pytest.approx(0.032)
+    assert abs(offset) <= delay / 2

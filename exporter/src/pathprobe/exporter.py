@@ -201,14 +201,19 @@ class Exporter:
     def iperf3_admission(self, address: str) -> str:
         """Whether a test from `address` may run on this host's iperf3 server now: "ok",
         "not_allowed" (neither a peer nor in responders.allow) or "out_of_turn" (a peer
-        whose client turn against this host it is not, by the schedule)."""
+        whose client turn against this host it is not by the schedule, or any peer while this
+        host runs a test of its own: whatever the clocks, a host is in one test at a time)."""
         peer = self._peer_at.get(AllowList.normalize(address))
         if peer is None:
             return "ok" if self._extra_allowed.allows(address) else "not_allowed"
         if self.cfg.iperf3.admit == "peers":
             return "ok"
+        if self._extra_allowed.allows(address):
+            return "ok"
+        if self.turns.in_test():
+            return "out_of_turn"  # by its own clock it is this host's turn: two tests would measure each other
         clients = self.timetable.clients_of(self.cfg.host.name, self.clock(), TURN_GRACE_SECONDS)
-        return "ok" if peer in clients or self._extra_allowed.allows(address) else "out_of_turn"
+        return "ok" if peer in clients else "out_of_turn"
 
     def probers(self) -> list[tuple[str, Prober]]:
         """(task name, prober) of every continuous probe of every peer."""

@@ -30,6 +30,16 @@ def kernel_time(ancdata: list[tuple[int, int, bytes]]) -> int | None:
     return None
 
 
+def clock_offset(sent_ns: int, took_ns: int, answered_ns: int, back_ns: int) -> tuple[float, float]:
+    """(the peer's clock minus this host's, the exchange's network delay), in seconds, from one
+    exchange's four wall-clock stamps: sent here, taken and answered there, back here (NTP's
+    on-wire method, RFC 5905 section 8). The offset is exact when both ways take as long; its
+    error is at most half the delay, so the exchange with the least delay is the one to trust."""
+    offset = ((took_ns - sent_ns) + (answered_ns - back_ns)) / 2e9
+    delay = ((back_ns - sent_ns) - (answered_ns - took_ns)) / 1e9
+    return offset, delay
+
+
 def network_rtt(sent_ns: int, arrived_ns: int, elapsed: float, hold_ns: int) -> float:
     """Seconds on the network: wall-clock stamps, less the responder's hold.
 

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 DRAIN_SECONDS = 1.0
 # A wait for a turn reads the wall clock this often: a stepped clock (NTP) is noticed then.
 CLOCK_CHECK_SECONDS = 5.0
+# A test waiting for a peer's test on this host's server to end looks this often.
+SERVED_POLL_SECONDS = 0.1
 
 
 class Plan(NamedTuple):
@@ -75,6 +77,10 @@ class ThroughputTurns:
     def use(self, plan: Plan) -> None:
         """A reload: the next turn is planned with these (a turn under way ends as planned)."""
         self._next = plan
+
+    def in_test(self) -> bool:
+        """Whether one of this host's own tests runs now."""
+        return self._running_since is not None
 
     def testing(self, at: float) -> bool:
         """Whether this host was in one of its own tests at `at` (or just after one)."""
@@ -155,6 +161,13 @@ class ThroughputTurns:
                 self.results.skip(peer.name, "slot_over")
                 return
             before = await asyncio.to_thread(ena.read, self.interface)
+            if self.host.iperf3_serving:
+                # A peer's test runs on this host's server (its clock is ahead, or its test overran):
+                # a host is in one test at a time, so this one waits, or is skipped at the turn's end.
+                if not await self._served(deadline - test.max_seconds()):
+                    self.results.skip(peer.name, "serving_peer")
+                    return
+                continue
             with self._in_test(peer.name, spec) as outcome_of:
                 outcome = await self.make_prober(target, test, TestSink(self.results, key)).run()
                 outcome_of[0] = "ran" if isinstance(outcome, ThroughputResult) else str(outcome)
@@ -164,6 +177,12 @@ class ThroughputTurns:
             if isinstance(outcome, ThroughputResult):
                 await self._after(peer, key, outcome, before)
             return
+
+    async def _served(self, until: float) -> bool:
+        """Wait until no peer's test runs on this host's server, or until `until`: whether it ended."""
+        while self.host.iperf3_serving and self.clock() < until:
+            await asyncio.sleep(SERVED_POLL_SECONDS)
+        return not self.host.iperf3_serving
 
     async def _after(self, peer: Peer, key: TestKey, result: ThroughputResult, before: dict[str, int] | None) -> None:
         """A test's result: its expected value, the allowance counters it raised, its bytes."""

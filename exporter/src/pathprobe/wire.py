@@ -14,7 +14,11 @@ request; as STAMP's reflector counters, it splits loss by direction without cloc
 sync), zero padding to the configured size. The responder returns the datagram with
 hold time and count filled in, or a short b"PPUN" + sequence to a source it does not
 allow (never larger than the request, so it cannot amplify). A responder that leaves
-the count at zero (an older version) only loses the per-direction split.
+the count at zero (an older version) only loses the per-direction split. When the
+request has room (52 bytes or more), the responder also writes its wall clock (u64 ns)
+as it took the request and as it answered into the padding's first 16 bytes: the
+prober's offset to the responder's clock (NTP's on-wire method, RFC 5905 section 8);
+an older responder leaves them zero.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ HOLD = struct.Struct("!Q")
 ECHO_HEADER = struct.Struct("!4sQQQQ")
 ECHO_HOLD_OFFSET = 20
 ECHO_REFLECTED = struct.Struct("!QQ")  # hold time, received count: what the responder fills in
+ECHO_CLOCKS = struct.Struct("!QQ")  # the responder's wall clock as it took the request, as it answered
+ECHO_CLOCKS_OFFSET = ECHO_HEADER.size
 ECHO_MAGIC = b"PPUE"
 ECHO_REFUSED = b"PPUN"
 ECHO_REFUSAL = struct.Struct("!4sQ")

@@ -41,6 +41,9 @@ class Counts:
     def set_iperf3_up(self, up: bool) -> None:
         pass
 
+    def set_iperf3_serving(self, serving: bool) -> None:
+        pass
+
     def iperf3_restarted(self) -> None:
         pass
 

@@ -64,11 +64,13 @@ class EchoRoom(Room):
         self.jitter: dict[str, float] = {}
         self.worst_flow_loss: dict[str, float] = {}
         self.lost_by_direction: dict[str, LostByDirection] = {}
+        self.clock_offset: dict[str, float] = {}
         self.failing: dict[FlowsKey, int] = {}
         self.mtu: dict[MtuKey, MtuState] = {}
 
     def tables(self) -> list[MutableMapping[Any, Any]]:
-        return [self.udp, self.jitter, self.worst_flow_loss, self.lost_by_direction, self.failing, self.mtu]
+        return [self.udp, self.jitter, self.worst_flow_loss, self.lost_by_direction, self.clock_offset, self.failing,
+                self.mtu]  # fmt: skip
 
     # --- writers
     def count(self, peer: str, what: str, age: float = 0.0) -> None:
@@ -95,6 +97,10 @@ class EchoRoom(Room):
         if self.admits(peer):
             self.lost_by_direction[peer] = lost
 
+    def set_clock_offset(self, peer: str, seconds: float) -> None:
+        if self.admits(peer):
+            self.clock_offset[peer] = seconds
+
     def mtu_probed(self, peer: str, size: int, carried: bool) -> None:
         if not self.admits(peer):
             return
@@ -108,6 +114,7 @@ class EchoRoom(Room):
         scope = self.scope
         yield from self._packets(scope)
         yield self._jitter(scope)
+        yield self._clock_offset(scope)
         yield from self._loss(scope)
         yield self._failing(scope)
         yield from self._mtu(scope)
@@ -141,6 +148,15 @@ class EchoRoom(Room):
         for peer, _, value in scope.entries(self.jitter):
             jitter.add_metric(peer, value)
         return jitter
+
+    def _clock_offset(self, scope: Scope) -> Metric:
+        offset = gauge("pathprobe_clock_offset_seconds",
+                       "The peer's wall clock minus this host's, from the least-delayed of the last 64 UDP echoes "
+                       "(NTP's on-wire method; error at most half that echo's RTT). Throughput turns allow 1 s.",
+                       PEER)  # fmt: skip
+        for peer, _, value in scope.entries(self.clock_offset):
+            offset.add_metric(peer, value)
+        return offset
 
     def _loss(self, scope: Scope) -> Iterator[Metric]:
         forward = counter("pathprobe_udp_packets_lost_forward",
@@ -230,6 +246,9 @@ class EchoSink:
 
     def lost_by_direction(self, forward: int, reverse: int) -> None:
         self.room.set_lost_by_direction(self.peer, LostByDirection(forward, reverse))
+
+    def clock_offset(self, seconds: float) -> None:
+        self.room.set_clock_offset(self.peer, seconds)
 
 
 class MtuSink:

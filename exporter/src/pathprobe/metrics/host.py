@@ -33,6 +33,7 @@ class HostRoom:
         self.turn_errors: Counter[str] = Counter()  # exception type
         self.responder_requests: Counter[tuple[str, str]] = Counter()  # responder, result
         self.iperf3_server_up = False
+        self.iperf3_serving = False  # an admitted peer's test runs on the server now
         self.iperf3_server_restarts = 0
 
     def use(self, cfg: Config, timetable: Timetable) -> None:
@@ -69,6 +70,9 @@ class HostRoom:
 
     def set_iperf3_up(self, up: bool) -> None:
         self.iperf3_server_up = up
+
+    def set_iperf3_serving(self, serving: bool) -> None:
+        self.iperf3_serving = serving
 
     def iperf3_restarted(self) -> None:
         self.iperf3_server_restarts += 1

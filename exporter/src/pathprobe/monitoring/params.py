@@ -51,6 +51,13 @@ class Params(Strict):
         default="1h", description="failed writes of the budget state file (above the time between a host's tests)"
     )
     refused_window: str = Field(default="15m")
+    out_of_turn_window: str = Field(
+        default="1h", description="a host's tests that its peers cut as out of turn, twice or more in this window"
+    )
+    clock_offset_max_seconds: float = Field(
+        default=0.5, gt=0, description="a host's clock against every peer's (half the throughput turns' 1 s of grace)"
+    )
+    clock_offset_for: str = Field(default="5m")
     schedule_mismatch_for: str = Field(default="30m")
     snapshot_stale_seconds: float = Field(
         default=30, gt=0, description="/metrics snapshot older than this (a few refresh intervals)"

@@ -23,6 +23,8 @@ BINDING = (
     '$labels.direction | query }}{{ . | first | label "limit" }}{{ end }}'
 )
 
+# One exporter: its target labels.
+HOST = "job, instance, host, region"
 # Labels that identify one measured path on one exporter (target labels + peer side).
 PATH = "instance, peer"
 TEST = "instance, peer, protocol, streams, direction"
@@ -257,6 +259,22 @@ def _schedule_alerts(p: Params) -> list[Alert]:
                "warning", "An exporter takes no throughput turns.",
                "{{ $labels.host }} ({{ $labels.region }}) has taken no throughput turn in "
                f"{p.stale_rotations:g} rotations of the schedule: its throughput loop is stuck; see its log."),
+        Alert("PathprobeThroughputTestsOutOfTurn",
+               f'increase(pathprobe_probe_runs_total{{{sel}, probe="throughput", result="out_of_turn"}}'
+               f"[{p.out_of_turn_window}]) >= 2",
+               "warning", "A host's throughput tests are cut by its peer as out of turn.",
+               "{{ $value | printf \"%.0f\" }} throughput tests of {{ $labels.host }} ({{ $labels.region }}) against "
+               f"{{{{ $labels.peer }}}} in {p.out_of_turn_window} were cut by {{{{ $labels.peer }}}} as out of turn: "
+               "the two disagree on the time (PathprobeClockOffsetHigh names the host whose clock is off) or on "
+               "the schedule (PathprobeScheduleMismatch); those tests measure nothing."),
+        Alert("PathprobeClockOffsetHigh",
+               f"min by ({HOST}) (abs(pathprobe_clock_offset_seconds{{{sel}}}))\n"
+               f"  > {p.clock_offset_max_seconds:g}",
+               "warning", "A host's clock differs from all its peers' clocks.",
+               "{{ $labels.host }} ({{ $labels.region }})'s clock differs from every peer's by at least "
+               "{{ $value | humanizeDuration }} (from its UDP echoes): its throughput turns start at the wrong "
+               "time and its peers cut its tests as out of turn. Check its time sync (chronyc tracking).",
+               p.clock_offset_for),
         Alert("PathprobeThroughputTurnErrors",
                f"increase(pathprobe_schedule_turn_errors_total{{{sel}}}[{p.turn_errors_window}]) > 0",
                "warning", "Throughput turns fail on an unexpected error.",

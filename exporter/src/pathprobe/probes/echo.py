@@ -19,13 +19,16 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from .. import stamps, wire
 from ..config import LossSettings
 from .base import BACKOFF_SECONDS, EchoSink, FlowHealth, Target, reason_of_oserror
 
 ACCOUNT_EVERY_SECONDS = 1.0
+# The clock offset reported is that of the least-delayed of this many recent exchanges (as
+# NTP's clock filter picks its sample): queueing on either way adds error to the others.
+OFFSET_SAMPLES = 64
 # Jitter gain of RFC 3550 (interarrival jitter), applied to successive RTTs.
 JITTER_GAIN = 1 / 16
 
@@ -57,6 +60,7 @@ class EchoProber:
         self._last_rtt: float | None = None
         self._jitter = 0.0
         self._memory = max(1024, int(settings.rate_pps * settings.timeout_seconds * 4))
+        self._offsets: deque[tuple[float, float]] = deque(maxlen=OFFSET_SAMPLES)  # (delay, offset)
 
     # --- receiving
     def _read(self, sock: socket.socket, flow: int) -> None:
@@ -106,6 +110,19 @@ class EchoProber:
             self.sink.jitter(self._jitter)
         self._last_rtt = rtt
         self.sink.received(rtt)
+        self._clock_offset(sent_ns, data)
+
+    def _clock_offset(self, sent_ns: int, echo: bytes) -> None:
+        """The peer's clock offset from an echo's stamps, when its responder stamps (wire.py).
+        The echo's own send stamp and this read's time are both this process's wall clock."""
+        if len(echo) < wire.ECHO_CLOCKS_OFFSET + wire.ECHO_CLOCKS.size:
+            return
+        took_ns, answered_ns = wire.ECHO_CLOCKS.unpack_from(echo, wire.ECHO_CLOCKS_OFFSET)
+        if took_ns == 0:
+            return
+        offset, delay = stamps.clock_offset(sent_ns, took_ns, answered_ns, time.time_ns())
+        self._offsets.append((delay, offset))
+        self.sink.clock_offset(min(self._offsets)[1])
 
     def _echoed(self, flow: int, index: int, reflected: int) -> None:
         f = self._flows[flow]

@@ -117,6 +117,9 @@ class ReportSink:
     def flows_failing(self, count: int, worst_loss_ratio: float = 0.0) -> None:
         self.r.flows_failing, self.r.worst_flow_loss_ratio = count, worst_loss_ratio
 
+    def clock_offset(self, seconds: float) -> None:
+        pass
+
     def lost_by_direction(self, forward: int, reverse: int) -> None:
         self.r.lost_forward, self.r.lost_reverse = forward, reverse
 

@@ -39,8 +39,10 @@ _ERROR_REASONS: tuple[tuple[str, Reason], ...] = (
     # A peer's admission cuts a test it refuses by killing its server as the test connects
     # (responders/iperf3.py): out of turn by the peer's clock. (A host the peer does not admit
     # at all is cut the same way; its RTT and loss probes then read not_allowed too.)
+    # Seen as any of these, by how far the test had got (iperf3 3.12 on loopback):
     ("control socket has closed unexpectedly", "out_of_turn"),
-    ("unable to write to stream socket: connection reset", "out_of_turn"),
+    ("unable to write to stream socket", "out_of_turn"),  # connection reset, or broken pipe
+    ("unable to initialize stream", "out_of_turn"),  # transport endpoint is not connected
 )
 # Reasons that only a test cut before its first interval can have: later, the same message is a failure.
 _AT_START_ONLY: tuple[Reason, ...] = ("out_of_turn",)

@@ -78,6 +78,7 @@ class Events(Protocol):
 
     def count_request(self, responder: str, result: str, n: int = 1) -> None: ...
     def set_iperf3_up(self, up: bool) -> None: ...
+    def set_iperf3_serving(self, serving: bool) -> None: ...
     def iperf3_restarted(self) -> None: ...
 
 
@@ -109,7 +110,13 @@ async def start(
         rr_server.close()
         raise
     server = asyncio.create_task(
-        supervise(server_command(iperf3, listen), events.set_iperf3_up, events.iperf3_restarted, admit),
+        supervise(
+            server_command(iperf3, listen),
+            events.set_iperf3_up,
+            events.iperf3_restarted,
+            admit,
+            events.set_iperf3_serving,
+        ),
         name="iperf3-server",
     )
     log.info(

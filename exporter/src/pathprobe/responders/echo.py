@@ -38,6 +38,7 @@ class EchoResponder:
         self._pktinfo: list[tuple[int, int, bytes]] = []
 
     def datagram_received(self, data: bytes, addr: tuple[str, int], arrived_ns: int | None = None) -> None:
+        took_ns = time.time_ns()
         if data[:4] != wire.ECHO_MAGIC or len(data) < wire.ECHO_HEADER.size:
             self.count("malformed")
             return
@@ -57,9 +58,12 @@ class EchoResponder:
         if len(self._received) > MAX_FLOWS:
             self._received.popitem(last=False)
         # Taken last, so that the hold covers everything but the send itself.
-        hold = max(0, time.time_ns() - (arrived_ns or time.time_ns()))
+        answered_ns = time.time_ns()
+        hold = max(0, answered_ns - (arrived_ns or answered_ns))
         start, end = wire.ECHO_HOLD_OFFSET, wire.ECHO_HOLD_OFFSET + wire.ECHO_REFLECTED.size
-        self.sendto(data[:start] + wire.ECHO_REFLECTED.pack(hold, received) + data[end:], addr)
+        clocks = end + wire.ECHO_CLOCKS.size
+        stamped = wire.ECHO_CLOCKS.pack(took_ns, answered_ns) + data[clocks:] if len(data) >= clocks else data[end:]
+        self.sendto(data[:start] + wire.ECHO_REFLECTED.pack(hold, received) + stamped, addr)
 
     def sendto(self, data: bytes, addr: tuple[str, int]) -> None:
         """Reply from the address the request was sent to (IP_PKTINFO): a host with several

@@ -80,13 +80,17 @@ async def _tail(stream: asyncio.StreamReader, keep: int = 4096) -> bytes:
 
 
 # iperf3 -s prints this once a client's control connection has sent its cookie, before the
-# test's parameters are exchanged and before any data stream exists.
+# test's parameters are exchanged and before any data stream exists; and the second once it
+# is ready for the next test (the last one ended).
 ACCEPTED = re.compile(rb"^Accepted connection from (\S+), port \d+")
+LISTENING = re.compile(rb"^Server listening on ")
 
 
-async def _admit(stdout: asyncio.StreamReader | None, admit: Admit | None, pid: int) -> str | None:
+async def _admit(stdout: asyncio.StreamReader | None, admit: Admit | None, pid: int,
+                 serving: Callable[[bool], None]) -> str | None:  # fmt: skip
     """Read the server's output to its end; on a test that `admit` refuses, kill the server
-    (the test dies with it, within milliseconds of its start) and return the refusal."""
+    (the test dies with it, within milliseconds of its start) and return the refusal.
+    `serving(True)` as a test is admitted, `serving(False)` when it has ended."""
     if stdout is None or admit is None:
         return None
     while True:
@@ -96,12 +100,16 @@ async def _admit(stdout: asyncio.StreamReader | None, admit: Admit | None, pid: 
             continue
         if not line:
             return None
+        if LISTENING.match(line):
+            serving(False)
         accepted = ACCEPTED.match(line)
         if accepted is None:
             continue
         address = accepted.group(1).decode(errors="replace")
         result = admit(address)
-        if result != "ok":
+        if result == "ok":
+            serving(True)
+        else:
             log.warning("iperf3 test from %s refused (%s): the server is cut and restarted", address, result)
             procs.kill_group(pid)
             await _tail(stdout)
@@ -109,10 +117,11 @@ async def _admit(stdout: asyncio.StreamReader | None, admit: Admit | None, pid: 
 
 
 async def supervise(command: list[str], up: Callable[[bool], None], restarted: Callable[[], None],
-                    admit: Admit | None = None) -> None:  # fmt: skip
+                    admit: Admit | None = None, serving: Callable[[bool], None] = lambda _: None) -> None:  # fmt: skip
     """Keep an iperf3 server running until cancelled; then stop its process group.
     The server dies with this process (PR_SET_PDEATHSIG), even on SIGKILL. With `admit`,
-    every test's client address is checked as it connects (a refused one is cut at once)."""
+    every test's client address is checked as it connects (a refused one is cut at once),
+    and `serving` follows whether an admitted test runs."""
     backoff = BACKOFF_FIRST
     output = asyncio.subprocess.DEVNULL if admit is None else asyncio.subprocess.PIPE
     while True:
@@ -131,12 +140,14 @@ async def supervise(command: list[str], up: Callable[[bool], None], restarted: C
         try:
             assert proc.stderr is not None
             err, rc, refused = await asyncio.gather(_tail(proc.stderr), watch(proc, up),
-                                                    _admit(proc.stdout, admit, proc.pid))  # fmt: skip
+                                                    _admit(proc.stdout, admit, proc.pid, serving))  # fmt: skip
         except asyncio.CancelledError:
             await procs.stop_group(proc)
             up(False)
+            serving(False)
             raise
         up(False)
+        serving(False)
         if refused is not None:
             continue  # cut on purpose: back at once, no back-off, not a failure
         restarted()

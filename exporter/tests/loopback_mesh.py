@@ -1,0 +1,75 @@
+"""Exporters of a small mesh on loopback, each known by its own 127.0.0.x address (the route
+to 127.0.0.0/8 picks 127.0.0.1, so every other address is a second one, as on a multi-homed
+host): their configs, their processes, and their counters."""
+
+import random
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SLOT = 6.0  # one TCP test of 1 s and its margin in each half
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def unused_port() -> int:
+    """A port free for TCP and UDP below the kernel's ephemeral range (32768-60999 by default):
+    no prober's socket can take it between this choice and the exporter's bind."""
+    while True:
+        port = random.randrange(20000, 32768)
+        try:
+            for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+                with socket.socket(socket.AF_INET, kind) as s:
+                    s.bind(("0.0.0.0", port))
+        except OSError:
+            continue
+        return port
+
+
+def member(name: str, address: str) -> dict[str, Any]:
+    ports = {"rr_port": unused_port(), "echo_port": unused_port(), "iperf3_port": unused_port()}
+    return {"name": name, "address": address, "region": f"r-{name}", "path_class": "inter_region", **ports}
+
+
+def config(tmp_path: Path, me: dict[str, Any], peers: list[dict[str, Any]], web: int) -> Path:
+    cfg = {
+        "host": {"name": me["name"], "address": me["address"], "region": me["region"]},
+        "peers": peers,
+        "probes": {
+            "throughput": {"protocols": ["tcp"], "streams": [1], "duration_seconds": 1, "omit_seconds": 0},
+            "rtt": {"interval_seconds": 0.2}, "loss": {"rate_pps": 10},
+        },
+        "schedule": {"slot_seconds": SLOT, "jitter_seconds": 0, "timeout_margin_seconds": 1},
+        "responders": {"listen": me["address"], "rr_port": me["rr_port"], "echo_port": me["echo_port"]},
+        "iperf3": {"port": me["iperf3_port"]},
+        "web": {"listen": f"127.0.0.1:{web}"},
+        "budget": {"state_file": str(tmp_path / f"budget-{me['name']}.json")},
+    }  # fmt: skip
+    path = tmp_path / f"{me['name']}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+@contextmanager
+def exporter(path: Path, log: Path, prefix: tuple[str, ...] = ()) -> Iterator[None]:
+    """`pathprobe run` on `path`, its log in `log`; `prefix`: a command that runs it (e.g. faketime)."""
+    with log.open("w") as out:
+        proc = subprocess.Popen([*prefix, sys.executable, "-m", "pathprobe", "run", "--config", str(path)],
+                                stdout=subprocess.DEVNULL, stderr=out)  # fmt: skip
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+
+
+def count(got: Samples, name: str, **labels: str) -> float:
+    """The sum of `name`'s samples whose labels include `labels`."""
+    return sum(v for (n, ls), v in got.items() if n == name and labels.items() <= dict(ls).items())

@@ -1,0 +1,56 @@
+"""A host whose clock is ahead of its peers' (libfaketime): its turns start before its peers'
+schedule gives them, so its peers cut its early tests. Real processes on loopback
+(loopback_mesh.py), three exporters, h0's clock SKEW seconds ahead (more than the turns'
+grace, less than a half slot). The skewed host counts those refusals as `out_of_turn`, not
+`error`; its peers count them too; no host is ever in two tests at once; and every host
+reads each peer's clock offset from the echoes."""
+
+import re
+from itertools import combinations
+from pathlib import Path
+
+import pytest
+from loopback_mesh import SLOT, Samples, config, count, exporter, member, unused_port
+from test_reload import wait_for
+
+SKEW = 2.0  # seconds; the turns' grace is 1 s (exporter.TURN_GRACE_SECONDS), a half slot 3 s
+# A test's span in the client's log (its own clock): "throughput test -> PEER SPEC: from T0 to T1 (ran)".
+# The wall clock ahead, as a clock offset is (chrony disciplines CLOCK_REALTIME); the monotonic
+# clock stays true (libfaketime would otherwise move it too, and the timed waits break).
+AHEAD = ("env", "FAKETIME_DONT_FAKE_MONOTONIC=1", "faketime", "-f", f"+{SKEW:g}s")
+RAN = re.compile(r"throughput test -> (\S+) \S+: from ([0-9.]+) to ([0-9.]+) \(ran\)")
+
+
+def spans(log: Path, host: str, skew: float) -> list[tuple[frozenset[str], float, float]]:
+    """(the two hosts, start, end) of each test `host` ran, in the true clock."""
+    return [(frozenset({host, m[1]}), float(m[2]) - skew, float(m[3]) - skew) for m in RAN.finditer(log.read_text())]
+
+
+def test_a_host_whose_clock_is_ahead_is_refused_as_out_of_turn_and_never_overlaps(tmp_path: Path) -> None:
+    hosts = [member(f"h{i}", f"127.0.0.{i + 2}") for i in range(3)]
+    webs = [unused_port() for _ in hosts]
+    skews = [SKEW, 0.0, 0.0]
+    logs = [tmp_path / f"{h['name']}.log" for h in hosts]
+    runs, requests = "pathprobe_probe_runs_total", "pathprobe_responder_requests_total"
+    with (exporter(config(tmp_path, hosts[0], hosts[1:], webs[0]), logs[0], AHEAD),
+          exporter(config(tmp_path, hosts[1], [hosts[0], hosts[2]], webs[1]), logs[1]),
+          exporter(config(tmp_path, hosts[2], hosts[:2], webs[2]), logs[2])):  # fmt: skip
+
+        def refused_twice(got: Samples) -> bool:
+            return count(got, runs, probe="throughput", result="out_of_turn") >= 2
+
+        skewed = wait_for(webs[0], "h0's tests refused as out of turn twice", refused_twice, seconds=8 * SLOT)
+        assert count(skewed, runs, probe="throughput", result="error") == 0
+        peers = [wait_for(w, "a throughput test of the unskewed pair ran",
+                          lambda g: count(g, runs, probe="throughput", result="ok") > 0) for w in webs[1:]]  # fmt: skip
+        # Each host's view of its peers' clocks, from the echoes (the peer's clock minus its own).
+        offset = "pathprobe_clock_offset_seconds"
+        assert count(peers[0], offset, peer="h0") == pytest.approx(SKEW, abs=0.05)
+        assert count(peers[1], offset, peer="h0") == pytest.approx(SKEW, abs=0.05)
+        assert count(peers[0], offset, peer="h2") == pytest.approx(0, abs=0.01)
+        assert count(skewed, offset, peer="h1") == pytest.approx(-SKEW, abs=0.05)
+    assert sum(count(g, requests, responder="iperf3", result="out_of_turn") for g in peers) >= 2
+    ran = [s for log, h, skew in zip(logs, hosts, skews, strict=True) for s in spans(log, h["name"], skew)]
+    assert ran, "no test ran"
+    overlapping = [(a, b) for a, b in combinations(ran, 2) if a[0] & b[0] and a[1] < b[2] and b[1] < a[2]]
+    assert overlapping == []
