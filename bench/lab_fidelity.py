@@ -39,18 +39,11 @@ hosts:
 )
 DST = address(2)
 # Two paths through the one router: a->b carries a test at the most the lab shapes, c->d is idle.
-TWO_PATHS = Topology.model_validate(
-    yaml.safe_load("""
-hosts:
-  - {name: a, region: r1}
-  - {name: b, region: r2}
-  - {name: c, region: r3}
-  - {name: d, region: r4}
-paths:
-  - {between: [r1, r2], rate: 2G, one_way_delay: 0.25ms}
-  - {between: [r3, r4], one_way_delay: 0.25ms}
-""")
-)
+TWO_PATHS = Topology.model_validate({
+    "hosts": [{"name": name, "region": f"r{i}"} for i, name in enumerate("abcd", start=1)],
+    "paths": [{"between": ["r1", "r2"], "rate": "2G", "one_way_delay": "0.25ms"},
+              {"between": ["r3", "r4"], "one_way_delay": "0.25ms"}],
+})  # fmt: skip
 LOADED_SECONDS = 8
 DEMO_WINDOW = 300  # two and a half rotations of the default demo's 40 s slots
 DEMO_PROM = "http://127.0.0.1:19090"

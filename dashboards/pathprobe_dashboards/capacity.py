@@ -16,14 +16,25 @@ def build(p: Params) -> Dashboard:
     sel = selector(p)
     base = f'path:pathprobe_throughput_bits_per_second:last{{{sel}, direction="send"}}'
     sustained = (
-        table.Panel().title("Sustained throughput over 30 days")
-        .description("Percentiles of each path's test results (receiver side) over 30 days, by stream count.")
+        table.Panel().title("Sustained throughput over 30 days, beside the prediction")
+        .description("Percentiles of each path's test results (receiver side) over 30 days, by stream count, "
+                     "beside what the model predicts for the path now (`pathprobe capacity --predict` gives the "
+                     "same before the hosts exist): the floor (baseline bandwidths; the alerts compare with it) "
+                     "and the peak (while the instances' network I/O credits last).")
         .unit("bps").datasource(DS).decimals(3).span(16).height(10)  # beside the cost
     )  # fmt: skip
     for name, q in {"p10": 0.1, "p50": 0.5, "p90": 0.9}.items():
         sustained = sustained.with_target(
             query(f"quantile_over_time({q}, {base}[30d])", instant=True, fmt=PromQueryFormat.TABLE, ref=name)
         )
+    predicted = {  # without the binding limit's name, so that each row joins its path's percentiles
+        "predicted floor": f'max without (limit) (path:pathprobe_throughput_expected_bits_per_second:last{{{sel}, '
+                           'direction="send"})',
+        "predicted peak": f'8 * max without (limit) (pathprobe_throughput_expected_peak_bytes_per_second{{{sel}, '
+                          'direction="send"})',
+    }  # fmt: skip
+    for name, expr in predicted.items():
+        sustained = sustained.with_target(query(expr, instant=True, fmt=PromQueryFormat.TABLE, ref=name))
     sustained = sustained.with_transformation(DataTransformerConfig(id_val="merge", options={}))
     return (
         dashboard(p, "pathprobe-capacity", "pathprobe / Capacity review",

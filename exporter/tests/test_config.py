@@ -311,7 +311,7 @@ def test_an_unresolvable_listen_host_is_reported_by_the_check(tmp_path: Path) ->
 def test_the_mesh_checks_are_linear_in_peers() -> None:
     # The duplicate checks were quadratic (names.count(n) for every name): 16,000
     # peers took 4 s to validate against 0.1 s for 2,000 (42x for 8x the peers); linear is ~8x.
-    # Timing figures for whole files are in the report, not here; this only tells the shapes apart.
+    # Absolute timings belong to bench/ (bench/exporter_bench.py --reload); this only tells the shapes apart.
     def seconds(n: int) -> float:
         data = {
             "host": {"name": "h", "address": "10.255.255.254", "region": "r"},

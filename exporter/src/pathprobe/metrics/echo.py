@@ -113,8 +113,14 @@ class EchoRoom(Room):
     def collect(self) -> Iterator[Metric]:
         scope = self.scope
         yield from self._packets(scope)
-        yield self._jitter(scope)
-        yield self._clock_offset(scope)
+        yield self._per_peer(scope, self.jitter, "pathprobe_udp_rtt_variation_seconds",
+                             "Smoothed variation of successive UDP echo round-trip times (RFC 3550's jitter "
+                             "estimator, gain 1/16, applied to RTTs: not the one-way jitter of "
+                             "pathprobe_throughput_udp_jitter_seconds).")  # fmt: skip
+        yield self._per_peer(scope, self.clock_offset, "pathprobe_clock_offset_seconds",
+                             "The peer's wall clock minus this host's, from the least-delayed of the last 64 UDP "
+                             "echoes (NTP's on-wire method; error at most half that echo's RTT). Throughput turns "
+                             "allow 1 s.")  # fmt: skip
         yield from self._loss(scope)
         yield self._failing(scope)
         yield from self._mtu(scope)
@@ -139,24 +145,13 @@ class EchoRoom(Room):
                         families[k].add_metric([*peer_labels(peer), state], counts.get(k, 0))
         yield from families.values()
 
-    def _jitter(self, scope: Scope) -> Metric:
-        jitter = gauge("pathprobe_udp_rtt_variation_seconds",
-                       "Smoothed variation of successive UDP echo round-trip times (RFC 3550's jitter estimator, "
-                       "gain 1/16, applied to RTTs: not the one-way jitter of "
-                       "pathprobe_throughput_udp_jitter_seconds).",
-                       PEER)  # fmt: skip
-        for peer, _, value in scope.entries(self.jitter):
-            jitter.add_metric(peer, value)
-        return jitter
-
-    def _clock_offset(self, scope: Scope) -> Metric:
-        offset = gauge("pathprobe_clock_offset_seconds",
-                       "The peer's wall clock minus this host's, from the least-delayed of the last 64 UDP echoes "
-                       "(NTP's on-wire method; error at most half that echo's RTT). Throughput turns allow 1 s.",
-                       PEER)  # fmt: skip
-        for peer, _, value in scope.entries(self.clock_offset):
-            offset.add_metric(peer, value)
-        return offset
+    @staticmethod
+    def _per_peer(scope: Scope, table: dict[str, float], name: str, documentation: str) -> Metric:
+        """A gauge with one value per peer."""
+        family = gauge(name, documentation, PEER)
+        for peer, _, value in scope.entries(table):
+            family.add_metric(peer, value)
+        return family
 
     def _loss(self, scope: Scope) -> Iterator[Metric]:
         forward = counter("pathprobe_udp_packets_lost_forward",
