@@ -14,10 +14,10 @@ from loopback_mesh import SLOT, Samples, config, count, exporter, member, unused
 from test_reload import wait_for
 
 SKEW = 2.0  # seconds; the turns' grace is 1 s (exporter.TURN_GRACE_SECONDS), a half slot 3 s
-# A test's span in the client's log (its own clock): "throughput test -> PEER SPEC: from T0 to T1 (ran)".
 # The wall clock ahead, as a clock offset is (chrony disciplines CLOCK_REALTIME); the monotonic
 # clock stays true (libfaketime would otherwise move it too, and the timed waits break).
 AHEAD = ("env", "FAKETIME_DONT_FAKE_MONOTONIC=1", "faketime", "-f", f"+{SKEW:g}s")
+# A test's span in the client's log (its own clock): "throughput test -> PEER SPEC: from T0 to T1 (ran)".
 RAN = re.compile(r"throughput test -> (\S+) \S+: from ([0-9.]+) to ([0-9.]+) \(ran\)")
 
 
