@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
+from loopback_mesh import unused_port
 
 from pathprobe.probes import ProbeFailure, Target, ThroughputProber, ThroughputTest
 from pathprobe.probes.steady import (
@@ -102,7 +103,9 @@ def stand_in(tmp_path: Path, rates: list[int], exit_line: str = "exit 0") -> str
 def run(binary: str, duration: float) -> ThroughputTest | ProbeFailure:
     test = ThroughputTest(duration_seconds=duration, omit_seconds=1, steady_state=Detector(), rtt_hint_seconds=0.01,
                           binary=binary, margin_seconds=3)  # fmt: skip
-    target = Target("127.0.0.1", 5201)
+    # A port nothing listens on: the prober's sampler reads every connection to the target's
+    # port (ss), and one of a real iperf3 on this machine would stand in for the test's own.
+    target = Target("127.0.0.1", unused_port())
     assert test.command(target)[test.command(target).index("-O") + 1] == "0" and "-J" not in test.command(target)
 
     async def once() -> ThroughputTest | ProbeFailure:
