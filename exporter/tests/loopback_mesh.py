@@ -2,6 +2,7 @@
 to 127.0.0.0/8 picks 127.0.0.1, so every other address is a second one, as on a multi-homed
 host): their configs, their processes, and their counters."""
 
+import os
 import random
 import signal
 import socket
@@ -61,12 +62,14 @@ def config(tmp_path: Path, me: dict[str, Any], peers: list[dict[str, Any]], web:
 def exporter(path: Path, log: Path, prefix: tuple[str, ...] = ()) -> Iterator[None]:
     """`pathprobe run` on `path`, its log in `log`; `prefix`: a command that runs it (e.g. faketime)."""
     with log.open("w") as out:
+        # A session of its own: a prefix (faketime) may run the exporter as its child, and the
+        # signal must reach the exporter, not only the prefix.
         proc = subprocess.Popen([*prefix, sys.executable, "-m", "pathprobe", "run", "--config", str(path)],
-                                stdout=subprocess.DEVNULL, stderr=out)  # fmt: skip
+                                stdout=subprocess.DEVNULL, stderr=out, start_new_session=True)  # fmt: skip
     try:
         yield
     finally:
-        proc.send_signal(signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=15)
 
 
