@@ -12,4 +12,4 @@ nice -n 19 ionice -c 3 .venv/bin/python tests/rootfs.py > "${TMPDIR:-/tmp}/pathp
 (cd exporter && ../.venv/bin/mypy src)
 (cd lab && ../.venv/bin/mypy src)
 (cd dashboards && ../.venv/bin/mypy --strict --ignore-missing-imports generate.py pathprobe_dashboards)
-.venv/bin/pytest -v exporter/tests tests "$@"
+.venv/bin/pytest -v --durations=40 exporter/tests tests "$@"

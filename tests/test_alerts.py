@@ -25,6 +25,7 @@ from pathprobe_lab.topology import PathSpec, address
 ALERTS = Path(__file__).parents[1] / "alerts"
 RULES = ALERTS / "pathprobe.rules.yml"
 AM = ALERTS / "alertmanager.yml"
+FAR_BELOW, BELOW = "PathprobeThroughputFarBelowExpected", "PathprobeThroughputBelowExpected"
 
 
 def run(*cmd: str) -> subprocess.CompletedProcess[str]:
@@ -174,31 +175,18 @@ def test_fire_drill(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
     shaping.set_path(state, "drill-a", "drill-b", PathSpec(150e6, spec.one_way_delay, 0.0, spec.path_class))
     fired = wait_for(
         "the alert at the webhook",
-        lambda: ("firing", "PathprobeThroughputFarBelowExpected", "drill-b") in notifications(drill["log"]),
+        lambda: ("firing", FAR_BELOW, "drill-b") in notifications(drill["log"]),
         timeout=240,
     )
     time_to_fire = time.monotonic() - impaired
-    # The critical alert inhibits the warning one on the same path: no notification from the first
-    # critical one on lists the warning as firing. (A test run while the shaping changed can rate
-    # between the two thresholds, so the warning alone may legitimately be sent before.)
-    # Per test (streams), as the inhibition matches them.
-    messages = [json.loads(line)["alerts"] for line in drill["log"].read_text().splitlines()]
-
-    def firing(message: list[dict], alertname: str, streams: str) -> bool:
-        return any(a["status"] == "firing" and a["labels"]["alertname"] == alertname
-                   and a["labels"].get("streams") == streams for a in message)  # fmt: skip
-
     assert fired
-    for streams in {a["labels"].get("streams") for m in messages for a in m}:
-        critical = [i for i, m in enumerate(messages) if firing(m, "PathprobeThroughputFarBelowExpected", streams)]
-        after = messages[critical[0] :] if critical else []
-        assert not [m for m in after if firing(m, "PathprobeThroughputBelowExpected", streams)], streams
+    assert_warning_inhibited_by_critical(drill["log"])
 
     # The description names the binding limit of each test: one stream the per-flow limit, four
     # the inter-region cap (c6gn.xlarge: 5 Gbps, 500 Mbit/s here).
     wait_for("both tests' alerts", lambda: {"1", "4"} <= {a["labels"]["streams"] for a in alerts_sent(drill["log"],
-             "PathprobeThroughputFarBelowExpected")}, timeout=120)  # fmt: skip
-    for a in alerts_sent(drill["log"], "PathprobeThroughputFarBelowExpected"):
+             FAR_BELOW)}, timeout=120)  # fmt: skip
+    for a in alerts_sent(drill["log"], FAR_BELOW):
         limit = {"1": "per_flow", "4": "region_cap"}[a["labels"]["streams"]]
         assert f"(binding limit: {limit})" in a["annotations"]["description"], a
 
@@ -206,7 +194,7 @@ def test_fire_drill(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
     shaping.restore(State.load(), "drill-a", "drill-b")  # type: ignore[arg-type]
     wait_for(
         "the resolved notifications of both tests",
-        lambda: {a["labels"]["streams"] for a in alerts_sent(drill["log"], "PathprobeThroughputFarBelowExpected",
+        lambda: {a["labels"]["streams"] for a in alerts_sent(drill["log"], FAR_BELOW,
                  "resolved")} >= {"1", "4"},
         timeout=240,
     )  # fmt: skip
@@ -219,6 +207,22 @@ def test_fire_drill(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
         )
 
 
+def assert_warning_inhibited_by_critical(log: Path, seen: int = 0) -> None:
+    """The critical throughput alert inhibits the warning one on the same test: no notification
+    from the first critical one on lists the warning as firing. A test run while the shaping
+    changed rates between the two thresholds, so the warning alone may be sent before it."""
+    messages = [json.loads(line)["alerts"] for line in log.read_text().splitlines()[seen:]]
+
+    def firing(message: list[dict], alertname: str, streams: str) -> bool:
+        return any(a["status"] == "firing" and a["labels"]["alertname"] == alertname
+                   and a["labels"].get("streams") == streams for a in message)  # fmt: skip
+
+    for streams in {a["labels"].get("streams") for m in messages for a in m}:
+        critical = [i for i, m in enumerate(messages) if firing(m, FAR_BELOW, streams)]
+        after = messages[critical[0] :] if critical else []
+        assert not [m for m in after if firing(m, BELOW, streams)], streams
+
+
 def new_alerts(log: Path, seen: int, status: str = "firing") -> list[dict]:
     """Alerts of that status in the notifications after the first `seen` ones."""
     return [a for line in log.read_text().splitlines()[seen:] for a in json.loads(line)["alerts"]
@@ -229,13 +233,12 @@ def test_a_lowered_per_flow_cap_fires_for_one_stream_only(drill: dict, capsys: p
     state = State.load()
     assert state is not None
     seen = len(drill["log"].read_text().splitlines())
-    far = "PathprobeThroughputFarBelowExpected"
     impaired, impaired_at = time.monotonic(), time.time()
     # 150 Mbit/s per flow: one stream reaches 30% of its 500 Mbit/s; four still fill the 500 Mbit/s cap.
     shaping.set_per_flow_cap(state, "drill-a", 150e6)
     try:
         wait_for("the one-stream alert", lambda: [a for a in new_alerts(drill["log"], seen)
-                 if a["labels"]["alertname"] == far and a["labels"]["streams"] == "1"], timeout=240)  # fmt: skip
+                 if a["labels"]["alertname"] == FAR_BELOW and a["labels"]["streams"] == "1"], timeout=240)  # fmt: skip
         time_to_fire = time.monotonic() - impaired
         # A four-stream test run since the change is healthy.
         newer = f'pathprobe_throughput_last_test_timestamp_seconds{{host="drill-a",streams="4"}} > {impaired_at:.0f}'
@@ -246,7 +249,10 @@ def test_a_lowered_per_flow_cap_fires_for_one_stream_only(drill: dict, capsys: p
         shaping.set_per_flow_cap(State.load(), "drill-a", None)  # type: ignore[arg-type]
     fired = {(a["labels"]["alertname"], a["labels"].get("streams", ""), a["labels"].get("host", ""))
              for a in new_alerts(drill["log"], seen)}  # fmt: skip
-    assert fired == {(far, "1", "drill-a")}, fired
+    # The one-stream test only; its warning form only before the critical one (a test that straddled the change).
+    assert (FAR_BELOW, "1", "drill-a") in fired, fired
+    assert fired <= {(FAR_BELOW, "1", "drill-a"), (BELOW, "1", "drill-a")}, fired
+    assert_warning_inhibited_by_critical(drill["log"], seen)
     assert all("(binding limit: per_flow)" in a["annotations"]["description"] for a in new_alerts(drill["log"], seen))
     restored = time.monotonic()
     wait_for("the one-stream alert resolved", lambda: new_alerts(drill["log"], seen, "resolved"), timeout=240)
@@ -269,8 +275,7 @@ def test_loss_fires_the_loss_alert_and_resolves(drill: dict, capsys: pytest.Capt
     # 3% is above the 1% warning and below the 5% critical threshold; TCP slows under loss, so the
     # throughput alerts may join; nothing about RTT, reachability or the exporters.
     assert "PathprobePacketLossCritical" not in fired
-    assert fired <= {"PathprobePacketLossHigh", "PathprobeThroughputBelowExpected",
-                     "PathprobeThroughputFarBelowExpected"}, fired  # fmt: skip
+    assert fired <= {"PathprobePacketLossHigh", BELOW, FAR_BELOW}, fired
     restored = time.monotonic()
     shaping.restore(State.load(), "drill-a", "drill-b")  # type: ignore[arg-type]
     resolved = ("resolved", "PathprobePacketLossHigh", "drill-b")
