@@ -114,6 +114,9 @@ paths:
   - {between: [ap-northeast-1, ap-northeast-3], one_way_delay: 4ms}
 """)
 SLOT = 26.0  # two tests (1 and 4 streams) of 1 + 2 s with a 3 s margin each and 1 s of jitter per half
+# The exporters' RTT quantile window, and the rules' name for it: one minute, so that an added delay
+# moves the p50 within half a minute (five by default).
+RTT_WINDOW = 60
 PROM_PORT, AM_PORT, WEBHOOK_PORT = 19190, 19193, 19198
 
 
@@ -122,14 +125,16 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     work = tmp_path_factory.mktemp("drill")
     net.up(DRILL)
     for h in DRILL.hosts:
-        cfg = exporter_config(
-            DRILL, h.name, work, SLOT, {"throughput": {"streams": [1, 4], "duration_seconds": 2, "omit_seconds": 1}}
-        )
+        cfg = exporter_config(DRILL, h.name, work, SLOT, {
+            "throughput": {"streams": [1, 4], "duration_seconds": 2, "omit_seconds": 1},
+            "rtt": {"quantile_window_seconds": RTT_WINDOW},
+        })  # fmt: skip
         start_exporter(h.name, cfg, work)
     log = work / "alerts.log"
     log.touch()
     webhook = demo.start_webhook(log, WEBHOOK_PORT)
-    prom, _ = demo.start_monitoring(DRILL, work, PROM_PORT, AM_PORT, AM, SLOT, webhook_port=WEBHOOK_PORT)
+    params = lab_alert_params(rotation_seconds(DRILL, SLOT), RTT_WINDOW)
+    prom, _ = demo.start_monitoring(DRILL, work, PROM_PORT, AM_PORT, AM, params, webhook_port=WEBHOOK_PORT)
     yield {"prom": prom, "log": log}
     webhook.shutdown()
     net.down()

@@ -248,6 +248,33 @@ def test_quantiles_cover_a_sliding_window_and_keep_loaded_samples_apart(tmp_path
     assert value(got, "pathprobe_rtt_seconds_count", peer="b", state="idle") == 100
 
 
+def test_the_quantile_window_is_a_setting_and_a_reload_that_changes_it_starts_it_over(tmp_path: Path) -> None:
+    now = [10_000.0]
+    e = Exporter(config(tmp_path, probes={"rtt": {"quantile_window_seconds": 60}}), clock=lambda: now[0])
+    e.load_state = lambda peer, t: "idle"
+    sink = e.rooms.rtt_sink("b", 1, RttWindow())
+
+    def idle_p50() -> float | None:
+        got = samples(e)
+        key = [k for k in got if k[0] == "pathprobe_rtt_seconds" and ("quantile", "0.5") in k[1]]
+        return got[key[0]] if key else None
+
+    for i in range(60):  # a minute of 10 ms, then a minute of 30 ms
+        now[0] = 10_000 + i
+        sink.rtt(0.010)
+    for i in range(60):
+        now[0] = 10_060 + i
+        sink.rtt(0.030)
+    assert idle_p50() == pytest.approx(0.030, rel=0.003)  # 60 s back: the 30 ms minute only (300 s: 10-30 ms)
+    assert "over the last 60 s" in generate_latest(registry(e.rooms)).decode()
+    e.reload(config(tmp_path, probes={"rtt": {"quantile_window_seconds": 300}}))
+    assert idle_p50() is None  # samples of the old window are not passed off as the new one's
+    sink = e.rooms.rtt_sink("b", 1, RttWindow())
+    sink.rtt(0.020)
+    assert idle_p50() == pytest.approx(0.020, rel=0.003)
+    assert value(samples(e), "pathprobe_rtt_seconds_count", peer="b", state="idle") == 121
+
+
 @pytest.mark.parametrize("admit", ["turn", "peers", "anyone"])
 def test_iperf3_admits_a_peer_in_its_turn_and_counts_every_outcome(tmp_path: Path, admit: str) -> None:
     now = [0.0]
@@ -335,7 +362,7 @@ def test_exported_quantiles_are_within_half_a_percent_of_the_raw_ones(center: fl
 
     rng = random.Random(center)
     raw = [center * (1 + rng.expovariate(20)) for _ in range(3000)]  # a tail of a few percent
-    window = WindowedQuantiles()
+    window = WindowedQuantiles(300)
     for i, rtt in enumerate(raw):
         window.observe(rtt, 1000 + i * 0.05)
     got = window.quantiles(1000 + len(raw) * 0.05)

@@ -152,6 +152,9 @@ class RttSettings(Strict):
     timeout_seconds: float = Field(default=1.0, gt=0, le=30)
     # TCP connections, used in turn (each has its own source port).
     flows: int = Field(default=FLOWS_DEFAULT, ge=1, le=FLOWS_MAX)
+    # The window of pathprobe_rtt_seconds's quantiles (TCP and UDP): the rules name their recordings
+    # after it (alert parameter rtt_exporter_window). Shorter windows react sooner and sample less.
+    quantile_window_seconds: float = Field(default=300, ge=10, le=3600)
 
 
 class LossSettings(Strict):

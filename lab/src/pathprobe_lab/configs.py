@@ -100,9 +100,11 @@ def scrape_targets(topo: Topology) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def lab_alert_params(rotation_seconds: float) -> Params:
-    """The production rules with windows short enough for a lab fire drill (minutes)."""
+def lab_alert_params(rotation_seconds: float, rtt_window_seconds: int = 300) -> Params:
+    """The production rules with windows short enough for a lab fire drill (minutes);
+    `rtt_window_seconds`: the exporters' probes.rtt.quantile_window_seconds."""
     window = f"{int(2 * rotation_seconds + 30)}s"  # two tests of every path
+    rtt_window = f"{rtt_window_seconds // 60}m" if rtt_window_seconds % 60 == 0 else f"{rtt_window_seconds}s"
     half_minute = ("rtt_for", "loss_for", "mtu_for", "unreachable_window", "unreachable_for", "exporter_down_for",
                    "budget_for", "budget_state_unusable_for")  # fmt: skip
     minute = ("rtt_recent_window", "loss_window", "refused_window", "schedule_mismatch_for",
@@ -113,6 +115,8 @@ def lab_alert_params(rotation_seconds: float) -> Params:
         "throughput_window": window,
         "rtt_baseline_window": "15m",
         "rtt_baseline_step": "30s",
+        "rtt_exporter_window": rtt_window,
+        "baseline_evaluation_interval": "30s",
         "partial_failure_for": "60s",  # longer than any self-inflicted loss of a test (a flow counts 32 packets)
         "mtu_memory": "15m",
         "evaluation_interval": "5s",

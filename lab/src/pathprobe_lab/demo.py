@@ -24,6 +24,7 @@ import yaml
 
 from pathprobe import procs
 from pathprobe.monitoring import prometheus, rules
+from pathprobe.monitoring.params import Params
 from pathprobe.promql import query
 
 from . import net, shaping, topology
@@ -204,8 +205,9 @@ def run(args: argparse.Namespace) -> int:
         alert_log = work / "alerts.log"
         alert_log.touch()
         webhook = start_webhook(alert_log, WEBHOOK_PORT)
+        params = lab_alert_params(rotation_seconds(topo, args.slot_seconds))
         prom, _ = start_monitoring(
-            topo, work, args.prometheus_port, args.alertmanager_port, args.alertmanager_routing, args.slot_seconds
+            topo, work, args.prometheus_port, args.alertmanager_port, args.alertmanager_routing, params
         )
         shown = say(
             f"Prometheus:   {prom}\nAlertmanager: http://127.0.0.1:{args.alertmanager_port}\n"
@@ -254,9 +256,9 @@ def start_exporters(topo: topology.Topology, work: Path, slot_seconds: float) ->
 
 # The demo and the fire drill place the lab's monitoring each its own way: ports, routing, timing.
 def start_monitoring(topo: topology.Topology, work: Path, prom_port: int, am_port: int, routing: Path | None,  # noqa: PLR0913, PLR0917 - see above
-                     slot_seconds: float, webhook_port: int = WEBHOOK_PORT) -> tuple[str, str]:  # fmt: skip
+                     params: Params, webhook_port: int = WEBHOOK_PORT) -> tuple[str, str]:  # fmt: skip
     rule_file = work / "pathprobe.rules.yml"
-    rule_file.write_text(rules.dump(lab_alert_params(rotation_seconds(topo, slot_seconds))))
+    rule_file.write_text(rules.dump(params))
     am_addr = f"127.0.0.1:{am_port}"
     targets = work / "targets.json"
     targets.write_text(json.dumps(scrape_targets(topo)))

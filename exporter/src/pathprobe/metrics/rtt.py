@@ -20,11 +20,11 @@ from ..probes import Reason
 from .common import PEER, Room
 from .outcomes import Ledger
 
-# RTT quantiles: exact to RELATIVE_ACCURACY of the value (DDSketch), over a window that
-# slides in steps of WINDOW_SECONDS / WINDOW_STEPS.
+# RTT quantiles: exact to RELATIVE_ACCURACY of the value (DDSketch), over a window
+# (probes.rtt.quantile_window_seconds) that slides in WINDOW_STEPS steps.
 QUANTILES = (0.5, 0.9, 0.99)
 RELATIVE_ACCURACY = 0.002
-WINDOW_SECONDS, WINDOW_STEPS = 300.0, 10
+WINDOW_STEPS = 10
 STATES = ("idle", "loaded")  # loaded: this host or the peer may be in a throughput test
 # What a compact peer (mesh.compact_outside) keeps: what the rules read.
 COMPACT_QUANTILES = (0.5, 0.99)
@@ -40,17 +40,24 @@ class RttKey(NamedTuple):
 
 
 class WindowedQuantiles:
-    """RTT samples of one path: quantiles over the last WINDOW_SECONDS (a ring of DDSketch
+    """RTT samples of one path: quantiles over the last `window_seconds` (a ring of DDSketch
     sketches, one per step, merged at scrape time), and the cumulative count and sum."""
 
-    def __init__(self) -> None:
+    def __init__(self, window_seconds: float) -> None:
         self._lock = threading.Lock()  # observe() on the event loop, quantiles() on the render thread
-        self.steps: dict[int, DDSketch] = {}  # step number (time // step length) -> sketch
+        self.step_seconds = window_seconds / WINDOW_STEPS
+        self.steps: dict[int, DDSketch] = {}  # step number (time // step_seconds) -> sketch
         self.count = 0
         self.total = 0.0
 
+    def resize(self, window_seconds: float) -> None:
+        """A new window length: the quantiles start over (the count and sum go on)."""
+        with self._lock:
+            self.step_seconds = window_seconds / WINDOW_STEPS
+            self.steps.clear()
+
     def observe(self, value: float, now: float) -> None:
-        step = int(now // (WINDOW_SECONDS / WINDOW_STEPS))
+        step = int(now // self.step_seconds)
         with self._lock:
             sketch = self.steps.get(step)
             if sketch is None:
@@ -63,7 +70,7 @@ class WindowedQuantiles:
 
     def quantiles(self, now: float) -> dict[float, float]:
         """Each of QUANTILES over the window ending now; empty when the window has no sample."""
-        step = int(now // (WINDOW_SECONDS / WINDOW_STEPS))
+        step = int(now // self.step_seconds)
         window = DDSketch(relative_accuracy=RELATIVE_ACCURACY)
         with self._lock:
             for k, sketch in self.steps.items():
@@ -108,6 +115,17 @@ class RttRoom(Room):
     def tables(self) -> list[MutableMapping[Any, Any]]:
         return [self.windows]
 
+    @property
+    def window_seconds(self) -> float:
+        return self.scope.cfg.probes.rtt.quantile_window_seconds
+
+    def use(self, cfg: Config) -> None:
+        before = self.window_seconds
+        super().use(cfg)
+        if self.window_seconds != before:
+            for window in list(self.windows.values()):
+                window.resize(self.window_seconds)
+
     def observe(self, peer: str, protocol: str, seconds: float) -> None:
         if not self.admits(peer):
             return
@@ -115,14 +133,14 @@ class RttRoom(Room):
         key = RttKey(peer, protocol, self.load_state(peer, now))
         window = self.windows.get(key)
         if window is None:
-            window = self.windows[key] = WindowedQuantiles()
+            window = self.windows[key] = WindowedQuantiles(self.window_seconds)
         window.observe(seconds, now)
 
     def collect(self) -> Iterator[Metric]:
         family = Metric(
             "pathprobe_rtt_seconds",
             f"Round-trip time of TCP request/response (protocol=tcp) and UDP echo (protocol=udp) probes: "
-            f"quantiles over the last {WINDOW_SECONDS:g} s (within {RELATIVE_ACCURACY:.1%} of the value), "
+            f"quantiles over the last {self.window_seconds:g} s (within {RELATIVE_ACCURACY:.1%} of the value), "
             "count and sum since start. state=loaded: this host or the peer may be in a throughput test.",
             "summary",
         )

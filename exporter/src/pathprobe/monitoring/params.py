@@ -29,6 +29,11 @@ class Params(Strict):
     tgw_utilisation_warning: float = Field(default=0.8, gt=0, le=1, description="share of the TGW attachment limit")
     rtt_baseline_ratio: float = Field(default=1.5, gt=1, description="30-minute RTT p50 against the 7-day p50")
     rtt_baseline_min_increase_seconds: float = Field(default=0.002, ge=0, description="ignore smaller increases")
+    rtt_exporter_window: str = Field(
+        default="5m",
+        description="the exporters' RTT quantile window (probes.rtt.quantile_window_seconds): names the recording "
+        "rules that read it (path:pathprobe_rtt_seconds:p50_5m)",
+    )
     rtt_recent_window: str = Field(default="30m", description="the 'now' of the RTT baseline comparison")
     rtt_baseline_window: str = Field(default="7d", description="the baseline of the RTT comparison")
     rtt_baseline_step: str = Field(default="30m", description="the baseline's sampling step (well below its window)")
@@ -63,7 +68,10 @@ class Params(Strict):
         default=30, gt=0, description="/metrics snapshot older than this (a few refresh intervals)"
     )
     snapshot_stale_for: str = Field(default="5m")
-    evaluation_interval: str = Field(default="1m", description="of the rule groups (the 7-day one runs at 5m)")
+    evaluation_interval: str = Field(default="1m", description="of the rule groups but the baseline's")
+    baseline_evaluation_interval: str = Field(
+        default="5m", description="of the RTT baseline (a median over days changes slowly; its query is the largest)"
+    )
 
 
 def load_params(path: str | Path | None) -> Params:

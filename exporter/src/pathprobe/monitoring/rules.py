@@ -73,7 +73,7 @@ def render(p: Params) -> dict[str, Any]:
     return {
         "groups": [
             {"name": "pathprobe.recording", "interval": p.evaluation_interval, "rules": _recording(p)},
-            {"name": "pathprobe.baseline", "interval": "5m", "rules": _baseline(p)},
+            {"name": "pathprobe.baseline", "interval": p.baseline_evaluation_interval, "rules": _baseline(p)},
             {"name": "pathprobe.region_pairs", "interval": p.evaluation_interval, "rules": _region_pairs(p)},
             {"name": "pathprobe.alerts", "interval": p.evaluation_interval, "rules": [a.rule(p) for a in alerts]},
         ]
@@ -82,7 +82,7 @@ def render(p: Params) -> dict[str, Any]:
 
 def _recording(p: Params) -> list[dict[str, str]]:
     """Per path, for the dashboards and the alerts."""
-    sel = p.selector
+    sel, w = p.selector, p.rtt_exporter_window
     return [
         {"record": "path:pathprobe_throughput_bits_per_second:last",
          "expr": f"pathprobe_throughput_bytes_per_second{{{sel}}} * 8"},
@@ -101,14 +101,14 @@ def _recording(p: Params) -> list[dict[str, str]]:
         {"record": "path:pathprobe_udp_loss_ratio:rate5m",
          "expr": f"rate(pathprobe_udp_packets_lost_total{{{sel}}}[5m])\n"
                  f"  / rate(pathprobe_udp_packets_sent_total{{{sel}}}[5m])"},
-        # RTT quantiles come exact from the exporter (a 5-minute sliding window, idle samples only).
-        # Longer windows are medians of those 5-minute medians: a summary's quantiles cannot be merged.
-        {"record": "path:pathprobe_rtt_seconds:p50_5m",
+        # RTT quantiles come exact from the exporter (a sliding window, 5 minutes by default; idle samples only).
+        # Longer windows are medians of those medians: a summary's quantiles cannot be merged.
+        {"record": f"path:pathprobe_rtt_seconds:p50_{w}",
          "expr": f'max without (quantile, state) (pathprobe_rtt_seconds{{{sel}, state="idle", quantile="0.5"}})'},
-        {"record": "path:pathprobe_rtt_seconds:p99_5m",
+        {"record": f"path:pathprobe_rtt_seconds:p99_{w}",
          "expr": f'max without (quantile, state) (pathprobe_rtt_seconds{{{sel}, state="idle", quantile="0.99"}})'},
         {"record": f"path:pathprobe_rtt_seconds:p50_{p.rtt_recent_window}",
-         "expr": f"quantile_over_time(0.5, path:pathprobe_rtt_seconds:p50_5m[{p.rtt_recent_window}])"},
+         "expr": f"quantile_over_time(0.5, path:pathprobe_rtt_seconds:p50_{w}[{p.rtt_recent_window}])"},
     ]  # fmt: skip
 
 
@@ -116,7 +116,7 @@ def _baseline(p: Params) -> list[dict[str, str]]:
     return [
         {"record": f"path:pathprobe_rtt_seconds:p50_{p.rtt_baseline_window}",
          # A 30-minute step by default: the median over days needs no finer grain, and a query stays small.
-         "expr": f"quantile_over_time(0.5, path:pathprobe_rtt_seconds:p50_5m"
+         "expr": f"quantile_over_time(0.5, path:pathprobe_rtt_seconds:p50_{p.rtt_exporter_window}"
                  f"[{p.rtt_baseline_window}:{p.rtt_baseline_step}])"},
     ]  # fmt: skip
 
@@ -127,6 +127,7 @@ def _region_pairs(p: Params) -> list[dict[str, str]]:
     # holds every pair whose source is its region; it remote-writes these to the global one.
     # The worst path of each pair (a mean over paths would hide the one broken path).
     sel, idle, test = p.selector, 'state="idle"', f"{REGION_PAIR}, protocol, streams, direction"
+    w = p.rtt_exporter_window
     return [
         {"record": "region_pair:pathprobe_paths:count",
          "expr": f"count by ({REGION_PAIR}) (pathprobe_peer_info{{{sel}}})"},
@@ -136,10 +137,10 @@ def _region_pairs(p: Params) -> list[dict[str, str]]:
          "expr": f"max by ({test}) (path:pathprobe_throughput_bits_per_second:last)"},
         {"record": "region_pair:pathprobe_throughput_last_test_timestamp_seconds:max",
          "expr": f"max by ({REGION_PAIR}) (path:pathprobe_throughput_last_test_timestamp_seconds:last)"},
-        {"record": "region_pair:pathprobe_rtt_seconds:max_p50_5m",
-         "expr": f"max by ({REGION_PAIR}, protocol) (path:pathprobe_rtt_seconds:p50_5m)"},
-        {"record": "region_pair:pathprobe_rtt_seconds:max_p99_5m",
-         "expr": f"max by ({REGION_PAIR}, protocol) (path:pathprobe_rtt_seconds:p99_5m)"},
+        {"record": f"region_pair:pathprobe_rtt_seconds:max_p50_{w}",
+         "expr": f"max by ({REGION_PAIR}, protocol) (path:pathprobe_rtt_seconds:p50_{w})"},
+        {"record": f"region_pair:pathprobe_rtt_seconds:max_p99_{w}",
+         "expr": f"max by ({REGION_PAIR}, protocol) (path:pathprobe_rtt_seconds:p99_{w})"},
         # Absent while no path is unreachable; the outcome counters have no peer_region: from peer_info.
         {"record": "region_pair:pathprobe_paths_unreachable:count",
          "expr": f"count by ({REGION_PAIR}) (\n"
@@ -198,7 +199,7 @@ def _path_alerts(p: Params) -> list[Alert]:
                f"{{{{ $value | humanizeDuration }}}}, more than {p.rtt_baseline_ratio:g}x its {p.rtt_baseline_window} "
                "p50.", p.rtt_for),
         Alert("PathprobeRttAboveCeiling",
-               f'path:pathprobe_rtt_seconds:p50_5m{{protocol="tcp"}}\n'
+               f'path:pathprobe_rtt_seconds:p50_{p.rtt_exporter_window}{{protocol="tcp"}}\n'
                f"  > on ({PATH}) group_left () pathprobe_rtt_ceiling_seconds{{{sel}}}",
                "warning", "Path RTT above its configured ceiling.",
                f"{path_text} RTT p50 is {{{{ $value | humanizeDuration }}}}, above the path's configured ceiling.",
