@@ -1,8 +1,9 @@
 """Integration tests: real namespaces, iperf3, exporters, Prometheus, Alertmanager.
 
-They need root (network namespaces) and the tools that scripts/setup.sh installs. There
-is one lab per machine: a session takes a lock first, so that two test sessions on one
-machine run one after the other instead of tearing down each other's lab.
+They need the tools that scripts/setup.sh installs; those marked `lab` also need root
+(network namespaces). There is one lab per machine: a session that selects lab tests
+takes a lock first, so that two test sessions on one machine run one after the other
+instead of tearing down each other's lab.
 """
 
 import fcntl
@@ -20,10 +21,15 @@ LOCK = pytest.StashKey[int]()  # the session's lock on the machine's one lab
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     missing = [t for t in ("iperf3", "ip", "tc", "nft", "promtool", "amtool", "prometheus") if not shutil.which(t)]
-    if os.geteuid() != 0 or missing:
-        pytest.exit(
-            f"integration tests need root and {', '.join(missing) or 'nothing else'}: run scripts/test.sh", returncode=3
-        )
+    if missing:
+        pytest.exit(f"integration tests need {', '.join(missing)}: run scripts/setup.sh", returncode=3)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not any(item.get_closest_marker("lab") for item in session.items):
+        return
+    if os.geteuid() != 0:
+        pytest.exit("the lab tests need root (network namespaces): run scripts/test.sh as root", returncode=3)
     lock = os.open(Path(tempfile.gettempdir()) / "pathprobe-lab-tests.lock", os.O_CREAT | os.O_RDWR, 0o644)
     fcntl.flock(lock, fcntl.LOCK_EX)  # held until this process ends
     session.config.stash[LOCK] = lock
@@ -31,4 +37,5 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    net.down()
+    if LOCK in session.config.stash:
+        net.down()

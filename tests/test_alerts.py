@@ -159,6 +159,7 @@ def notifications(log: Path) -> list[tuple[str, str, str]]:
     return [alert for message in notifications_by_message(log) for alert in message]
 
 
+@pytest.mark.lab
 def test_fire_drill(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
     a = f"{address(1)}:9469"
     ratio = 'path:pathprobe_throughput_expected_ratio:last{host="drill-a",peer="drill-b"}'
@@ -234,6 +235,7 @@ def new_alerts(log: Path, seen: int, status: str = "firing") -> list[dict]:
             if a["status"] == status]  # fmt: skip
 
 
+@pytest.mark.lab
 def test_a_lowered_per_flow_cap_fires_for_one_stream_only(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
     state = State.load()
     assert state is not None
@@ -266,6 +268,7 @@ def test_a_lowered_per_flow_cap_fires_for_one_stream_only(drill: dict, capsys: p
               f"resolved after {time.monotonic() - restored:.0f} s; four streams stayed healthy")  # fmt: skip
 
 
+@pytest.mark.lab
 def test_loss_fires_the_loss_alert_and_resolves(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
     state = State.load()
     assert state is not None
@@ -290,6 +293,7 @@ def test_loss_fires_the_loss_alert_and_resolves(drill: dict, capsys: pytest.Capt
               f"resolved after {time.monotonic() - restored:.0f} s")  # fmt: skip
 
 
+@pytest.mark.lab
 def test_added_delay_fires_the_rtt_baseline_alert_and_resolves(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
     state = State.load()
     assert state is not None
@@ -329,6 +333,7 @@ def router_nft(script: str) -> None:
     subprocess.run(in_ns(ROUTER, ["nft", "-f", "-"]), input=script, text=True, check=True)
 
 
+@pytest.mark.lab
 def test_one_dead_ecmp_member_fires_the_partial_failure_alert(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
     # drill-a's echo prober sends over 8 sockets (source ports); a broken ECMP member drops what one of them
     # sends. The path's loss alone is 1/8 (loss alerts may join); the partial-failure alert names the path.
@@ -360,6 +365,7 @@ def test_one_dead_ecmp_member_fires_the_partial_failure_alert(drill: dict, capsy
               f"resolved after {time.monotonic() - restored:.0f} s")  # fmt: skip
 
 
+@pytest.mark.lab
 def test_a_path_mtu_black_hole_fires_and_names_the_size(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
     # The router's link to drill-b carries 1450 bytes, and its "fragmentation needed" is filtered: 1500-byte
     # packets (what the inter-region class must carry) vanish. Throughput tests stall too, so their alerts may join.

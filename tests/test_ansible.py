@@ -400,6 +400,7 @@ def recap(output: str) -> dict[str, dict[str, int]]:
     return found
 
 
+@pytest.mark.lab
 def test_deploys_then_changes_nothing_on_a_second_run(deployed: dict) -> None:
     first, second = deployed["first"], deployed["second"]
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
@@ -423,6 +424,7 @@ def test_deploys_then_changes_nothing_on_a_second_run(deployed: dict) -> None:
     assert all(t["labels"]["region"] and t["labels"]["zone"] for t in targets)
 
 
+@pytest.mark.lab
 def test_the_unit_runs_under_its_hardening(deployed: dict) -> None:
     unit = next(iter(deployed["roots"].values())) / "etc" / "systemd" / "system" / "pathprobe.service"
     verify = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60,
@@ -445,6 +447,7 @@ def test_the_unit_runs_under_its_hardening(deployed: dict) -> None:
         assert "table inet pathprobe" in ssh(deployed, host, "nft list tables").stdout
 
 
+@pytest.mark.lab
 def test_deployed_exporters_probe_each_other(deployed: dict) -> None:
     work = deployed["work"]
     assert deployed["second"].returncode == 0
@@ -486,6 +489,7 @@ def main_pids(deployed: dict) -> dict[str, str]:
             for h in deployed["addresses"]}  # fmt: skip
 
 
+@pytest.mark.lab
 def test_a_probe_change_reloads_and_a_budget_change_restarts_the_exporters(deployed: dict) -> None:
     before = main_pids(deployed)
     changed = deployed["play"](PROBES | {"rtt": {"interval_seconds": 0.2}})
@@ -537,6 +541,7 @@ def metrics_answer(deployed: dict, address: str) -> bool:
     return False
 
 
+@pytest.mark.lab
 def test_systemctl_stop_stops_within_the_timeout_and_leaves_nothing(deployed: dict) -> None:
     host = next(iter(deployed["addresses"]))
     assert ssh(deployed, host, "pgrep -x iperf3").stdout.strip(), "the exporter's iperf3 server should run"
@@ -550,6 +555,7 @@ def test_systemctl_stop_stops_within_the_timeout_and_leaves_nothing(deployed: di
     assert "table inet pathprobe" not in ssh(deployed, host, "nft list tables").stdout
 
 
+@pytest.mark.lab
 def test_a_port_another_program_holds_stops_the_first_start(deployed: dict) -> None:
     # After the stop above the unit is inactive: a program on the /metrics port before the start.
     host = next(iter(deployed["addresses"]))

@@ -20,6 +20,8 @@ from pathprobe_lab import net, topology
 from pathprobe_lab.caps import host_caps
 from pathprobe_lab.state import ROUTER, in_ns, iptables, ns, sh
 
+pytestmark = pytest.mark.lab
+
 TOPOLOGY = topology.load(None)
 # Intra-region, inter-region, and both ways of the long path where the buffers bind.
 PAIRS = [("tokyo-a", "tokyo-b"), ("tokyo-a", "osaka-a"), ("singapore-a", "tokyo-a"), ("tokyo-b", "singapore-a")]

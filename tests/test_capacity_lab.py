@@ -14,6 +14,8 @@ from pathprobe_lab import net
 from pathprobe_lab.state import in_ns, ns
 from pathprobe_lab.topology import address
 
+pytestmark = pytest.mark.lab
+
 TOPOLOGY = topology("""
 hosts:
   - {name: near, region: ap-northeast-1}

@@ -23,6 +23,8 @@ from pathprobe import procs, promql
 from pathprobe_lab import topology
 from pathprobe_lab.state import PREFIX, State
 
+pytestmark = pytest.mark.lab
+
 PROM = "http://127.0.0.1:19090"
 ROUTING = Path(__file__).parents[1] / "alerts" / "alertmanager.yml"
 

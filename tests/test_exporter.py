@@ -16,6 +16,8 @@ from pathprobe_lab.configs import exporter_config
 from pathprobe_lab.state import State
 from pathprobe_lab.topology import address
 
+pytestmark = pytest.mark.lab
+
 TOPOLOGY = topology("""
 hosts:
   - {name: alpha, region: r1}

@@ -16,6 +16,8 @@ from pathprobe_lab import net
 from pathprobe_lab.state import in_ns, ns
 from pathprobe_lab.topology import address
 
+pytestmark = pytest.mark.lab
+
 SERVER = address(2)  # the server of PEER_SERVER_STRANGER
 
 # Connects to the server's iperf3 port and holds the connection, saying nothing.

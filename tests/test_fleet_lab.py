@@ -32,6 +32,8 @@ from pathprobe_lab.configs import exporter_config, lab_alert_params, scrape_targ
 from pathprobe_lab.state import spawn
 from pathprobe_lab.topology import address
 
+pytestmark = pytest.mark.lab
+
 TOPO = SIX_HOSTS_THREE_REGIONS
 NEW = "c2"  # joins the mesh of the other five
 SLOT = 6.0

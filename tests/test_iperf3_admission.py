@@ -14,6 +14,8 @@ from pathprobe.schedule import Schedule
 from pathprobe_lab import net
 from pathprobe_lab.topology import address
 
+pytestmark = pytest.mark.lab
+
 SERVER = address(2)  # the server of PEER_SERVER_STRANGER
 SLOT = 16.0
 SCHEDULE = Schedule.of(["peer", "server"], SLOT)  # what the server's exporter derives

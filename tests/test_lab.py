@@ -17,6 +17,8 @@ from pathprobe_lab import shaping
 from pathprobe_lab.state import NFT_TABLE, PREFIX, ROOT_LINK, ROUTER, STATE_DIR, State, in_ns, iptables, ns
 from pathprobe_lab.topology import address
 
+pytestmark = pytest.mark.lab
+
 # That the configured delay is what is measured, to a few ms (a 20 ms step is what impair
 # changes). The fidelity target (0.5 ms + 2%) is bench/lab_fidelity.py's: it is marginal for
 # the Python prober, and a test asserting it failed once under CI load (41.6 ms for 40).

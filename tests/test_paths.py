@@ -14,6 +14,8 @@ import pytest
 from helpers import PATHPROBE, in_host, wait_for
 from pathprobe import procs
 
+pytestmark = pytest.mark.lab
+
 TOPOLOGY = """
 hosts:
   - {name: east, region: r1}

@@ -31,6 +31,8 @@ from pathprobe_lab import net
 from pathprobe_lab.configs import METRICS_PORT, exporter_config
 from pathprobe_lab.topology import address
 
+pytestmark = pytest.mark.lab
+
 TOPO = SIX_HOSTS_THREE_REGIONS
 HOSTS = [h.name for h in TOPO.hosts]
 SLOT = 6.0  # one test of 1 s and its margin in each half

@@ -12,6 +12,8 @@ import pytest
 from helpers import measure_and_predict, topology
 from pathprobe_lab import net
 
+pytestmark = pytest.mark.lab
+
 # vpc-a's attachment is lowered to 300 Mbit/s (AWS's 100 Gbps per attachment is 10 Gbit/s at
 # the lab's scale: more than two cores carry, so it would never bind); vpc-b's keeps the table's.
 TOPOLOGY = topology("""

@@ -14,7 +14,8 @@ from typing import Any, NoReturn
 
 import pytest
 import yaml
-from test_reload import free_port, wait_for
+from loopback_mesh import unused_port
+from test_reload import wait_for
 
 from pathprobe import budget
 from pathprobe.budget import Budget
@@ -208,8 +209,8 @@ def test_a_real_exporter_exports_what_the_budget_alerts_read(tmp_path: Path) -> 
             if rule["alert"].startswith("PathprobeBudgetS")
             for name in re.findall(r"pathprobe_\w+", rule["expr"])}  # fmt: skip
     assert read == {"pathprobe_budget_state_unusable", "pathprobe_budget_save_failures_total"}
-    h1 = {"rr_port": free_port(), "echo_port": free_port(), "iperf3_port": free_port()}
-    state, web = tmp_path / "budget.json", free_port()
+    h1 = {"rr_port": unused_port(), "echo_port": unused_port(), "iperf3_port": unused_port()}
+    state, web = tmp_path / "budget.json", unused_port()
     cfg = tmp_path / "pathprobe.yaml"
     cfg.write_text(yaml.safe_dump({
         "host": {"name": "h0", "address": "127.0.0.1", "region": "r1"},
@@ -218,8 +219,8 @@ def test_a_real_exporter_exports_what_the_budget_alerts_read(tmp_path: Path) -> 
                                   "omit_seconds": 0},
                    "rtt": {"interval_seconds": 0.5}, "loss": {"rate_pps": 2}, "mtu": {"enabled": False}},
         "schedule": {"slot_seconds": 10, "jitter_seconds": 0, "timeout_margin_seconds": 1},
-        "responders": {"listen": "127.0.0.1", "rr_port": free_port(), "echo_port": free_port()},
-        "iperf3": {"port": free_port()},
+        "responders": {"listen": "127.0.0.1", "rr_port": unused_port(), "echo_port": unused_port()},
+        "iperf3": {"port": unused_port()},
         "web": {"listen": f"127.0.0.1:{web}"},
         "budget": {"state_file": str(state)},
     }))  # fmt: skip

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from loopback_mesh import unused_port
 
 from pathprobe import instance_types
 from pathprobe.commands import limits as limits_command
@@ -267,17 +268,11 @@ def test_show_reads_another_table(tmp_path: Path, capsys: pytest.CaptureFixture[
 # --- the live API, against moto's own HTTP server -----------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def moto_server() -> Iterator[str]:
     exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
     assert exe is not None, "moto_server is not installed (it is in the dev extra: pip install -e 'exporter[dev]')"
-    port = free_port()
+    port = unused_port()
     proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     try:
@@ -323,7 +318,7 @@ def test_live_import_against_moto_server(moto_server: str, tmp_path: Path) -> No
 @pytest.mark.usefixtures("fake_credentials")
 def test_live_import_failure_exits_1_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "live.json"
-    dead = f"http://127.0.0.1:{free_port()}"
+    dead = f"http://127.0.0.1:{unused_port()}"
     assert run("import", "--live", "--region", "us-east-1", "--endpoint-url", dead, "--out", str(out)) == 1
     assert "DescribeInstanceTypes in us-east-1" in capsys.readouterr().err
     assert not out.exists()

@@ -4,7 +4,6 @@ running on the old one."""
 
 import http.client
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,13 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from loopback_mesh import unused_port
 from prometheus_client.parser import text_string_to_metric_families
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def request(port: int, method: str, path: str) -> tuple[int, str]:
@@ -64,13 +58,13 @@ def wait_for(port: int, what: str, check: object, seconds: float = 20) -> dict:
 class Exporter:
     def __init__(self, tmp_path: Path):
         self.path = tmp_path / "pathprobe.yaml"
-        self.web = free_port()
+        self.web = unused_port()
         self.base = {
             "host": {"name": "a", "address": "127.0.0.1", "region": "r1"},
             "peers": [{"name": "b", "address": "127.0.0.2", "region": "r2", "path_class": "inter_region"}],
             "probes": {"throughput": {"enabled": False}, "rtt": {"interval_seconds": 0.5}, "loss": {"rate_pps": 2}},
-            "responders": {"listen": "127.0.0.1", "rr_port": free_port(), "echo_port": free_port()},
-            "iperf3": {"port": free_port()},
+            "responders": {"listen": "127.0.0.1", "rr_port": unused_port(), "echo_port": unused_port()},
+            "iperf3": {"port": unused_port()},
             "web": {"listen": f"127.0.0.1:{self.web}", "enable_lifecycle": True},
             "budget": {"state_file": str(tmp_path / "budget.json")},
         }
@@ -121,7 +115,7 @@ def test_a_bad_config_is_refused_with_its_place_counted_and_the_old_one_kept(
     ex.write({"probes": {"rtt": {"interval_seconds": -1}}})
     status, body = request(ex.web, "POST", "/-/reload")
     assert status == 500 and "probes.rtt.interval_seconds" in body and f"{ex.path}:" in body, body
-    ex.write({"web": {"listen": f"127.0.0.1:{free_port()}", "enable_lifecycle": True}})
+    ex.write({"web": {"listen": f"127.0.0.1:{unused_port()}", "enable_lifecycle": True}})
     status, body = request(ex.web, "POST", "/-/reload")
     assert status == 500 and "web changed: only a restart applies them" in body, body
     got = wait_for(ex.web, "two failed reloads", lambda got: got.get(

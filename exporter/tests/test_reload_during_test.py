@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_reload import free_port, peers_shown, request, samples, wait_for
+from loopback_mesh import unused_port
+from test_reload import peers_shown, request, samples, wait_for
 
 SLOT = 20.0  # one UDP test of 8 s and its margin in each half
 TEST_SECONDS = 8.0
@@ -36,7 +37,7 @@ def iperf3_clients_of(pid: int) -> list[str]:
 
 @pytest.fixture
 def h1(tmp_path: Path) -> Iterator[dict[str, object]]:
-    ports = {"rr_port": free_port(), "echo_port": free_port(), "iperf3_port": free_port()}
+    ports = {"rr_port": unused_port(), "echo_port": unused_port(), "iperf3_port": unused_port()}
     proc = subprocess.Popen(
         [sys.executable, "-m", "pathprobe", "serve", "--listen", "127.0.0.2", "--rr-port", str(ports["rr_port"]),
          "--echo-port", str(ports["echo_port"]), "--iperf3-port", str(ports["iperf3_port"])],
@@ -50,7 +51,7 @@ def h1(tmp_path: Path) -> Iterator[dict[str, object]]:
 
 
 def test_a_peer_removed_while_its_test_runs_leaves_metrics_answering(tmp_path: Path, h1: dict[str, object]) -> None:
-    path, web = tmp_path / "pathprobe.yaml", free_port()
+    path, web = tmp_path / "pathprobe.yaml", unused_port()
     base = {
         "host": {"name": "h0", "address": "127.0.0.1", "region": "r1"},
         "peers": [h1],
@@ -60,8 +61,8 @@ def test_a_peer_removed_while_its_test_runs_leaves_metrics_answering(tmp_path: P
             "rtt": {"interval_seconds": 0.5}, "loss": {"rate_pps": 2}, "mtu": {"enabled": False},
         },
         "schedule": {"slot_seconds": SLOT, "jitter_seconds": 0, "timeout_margin_seconds": 1},
-        "responders": {"listen": "127.0.0.1", "rr_port": free_port(), "echo_port": free_port()},
-        "iperf3": {"port": free_port()},
+        "responders": {"listen": "127.0.0.1", "rr_port": unused_port(), "echo_port": unused_port()},
+        "iperf3": {"port": unused_port()},
         "web": {"listen": f"127.0.0.1:{web}"},
         "budget": {"state_file": str(tmp_path / "budget.json")},
     }  # fmt: skip

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_reload import free_port, samples, wait_for
+from loopback_mesh import unused_port
+from test_reload import samples, wait_for
 
 MEMBERS = 10_000
 REGIONS = 20
@@ -59,9 +60,9 @@ def rss_bytes(pid: int) -> int:
 
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[dict]:
-    web = {h: free_port() for h in "ab"}
+    web = {h: unused_port() for h in "ab"}
     peer = {h: {"name": h, "address": address, "region": "r0", "path_class": "intra_region",
-                "rr_port": free_port(), "echo_port": free_port(), "iperf3_port": free_port()}
+                "rr_port": unused_port(), "echo_port": unused_port(), "iperf3_port": unused_port()}
             for h, address in (("a", "127.0.0.1"), ("b", "127.0.0.2"))}  # fmt: skip
     paths = {h: tmp_path / f"{h}.yaml" for h in "ab"}
     small = config(peer["a"], [peer["b"]], web["a"], tmp_path)

@@ -19,18 +19,13 @@ from pathlib import Path
 import pytest
 import yaml
 from certs import bcrypt_hash, self_signed
+from loopback_mesh import unused_port
 
 SOURCES = [f"127.0.0.{i}" for i in range(1, 11)]  # 127.0.0.1 is the scraper's too
 PER_SOURCE = 32
 REOPEN_SECONDS = 1.5  # well inside the request deadline (5 s): the server never times them out itself
 LOAD_SECONDS = 8.0
 USER, PASSWORD = "prom", "s3cret"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tls_files(d: Path) -> tuple[Path, Path]:
@@ -51,14 +46,14 @@ def web_config(tmp_path: Path, port: int, secured: bool) -> dict[str, object]:
 
 @contextlib.contextmanager
 def exporter(tmp_path: Path, secured: bool) -> Iterator[int]:
-    port = free_port()
+    port = unused_port()
     cfg = {
         "host": {"name": "a", "address": "127.0.0.1", "region": "r1"},
         "peers": [{"name": "b", "address": "127.0.0.2", "region": "r2", "path_class": "inter_region"}],
         "probes": {"throughput": {"enabled": False}, "rtt": {"enabled": False}, "loss": {"enabled": False},
                    "mtu": {"enabled": False}},
-        "responders": {"listen": "127.0.0.1", "rr_port": free_port(), "echo_port": free_port()},
-        "iperf3": {"port": free_port()},
+        "responders": {"listen": "127.0.0.1", "rr_port": unused_port(), "echo_port": unused_port()},
+        "iperf3": {"port": unused_port()},
         "web": web_config(tmp_path, port, secured),
         "budget": {"state_file": str(tmp_path / "budget.json")},
     }  # fmt: skip

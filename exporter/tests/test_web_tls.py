@@ -23,15 +23,10 @@ from typing import Any
 import pytest
 import yaml
 from certs import bcrypt_hash, mutual_tls
+from loopback_mesh import unused_port
 
 if shutil.which("prometheus") is None or shutil.which("openssl") is None:
     pytest.skip("needs prometheus and openssl", allow_module_level=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def until(what: str, check: Callable[[], Any], seconds: float = 30) -> Any:
@@ -63,15 +58,15 @@ def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     certs = mutual_tls(d)
     web = d / "web.yml"
     web_config(web, certs, "s3cret")
-    port = free_port()
+    port = unused_port()
     cfg = d / "pathprobe.yaml"
     cfg.write_text(yaml.safe_dump({
         "host": {"name": "a", "address": "127.0.0.1", "region": "r1"},
         "peers": [{"name": "b", "address": "127.0.0.2", "region": "r2", "path_class": "inter_region"}],
         "probes": {"throughput": {"enabled": False}, "rtt": {"interval_seconds": 1}, "loss": {"rate_pps": 1},
                    "mtu": {"enabled": False}},
-        "responders": {"listen": "127.0.0.1", "rr_port": free_port(), "echo_port": free_port()},
-        "iperf3": {"port": free_port()},
+        "responders": {"listen": "127.0.0.1", "rr_port": unused_port(), "echo_port": unused_port()},
+        "iperf3": {"port": unused_port()},
         "web": {"listen": f"127.0.0.1:{port}"},
         "budget": {"state_file": str(d / "budget.json")},
     }))  # fmt: skip
@@ -110,7 +105,7 @@ def get(info: dict[str, Any], path: str, password: str | None = None) -> tuple[i
 def test_prometheus_scrapes_it_with_the_client_certificate_and_the_password(exporter: dict[str, Any]) -> None:
     d, certs = exporter["dir"], exporter["certs"]
     (d / "password").write_text("s3cret")
-    prom_port = free_port()
+    prom_port = unused_port()
     (d / "prometheus.yml").write_text(yaml.safe_dump({
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
         "scrape_configs": [{
