@@ -115,7 +115,7 @@ paths:
 """)
 SLOT = 26.0  # two tests (1 and 4 streams) of 1 + 2 s with a 3 s margin each and 1 s of jitter per half
 # The exporters' RTT quantile window, and the rules' name for it: one minute, so that an added delay
-# moves the p50 within half a minute (five by default).
+# moves the p50 within half a minute (the default window is five minutes).
 RTT_WINDOW = 60
 PROM_PORT, AM_PORT, WEBHOOK_PORT = 19190, 19193, 19198
 
