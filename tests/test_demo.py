@@ -133,9 +133,9 @@ def test_the_default_demo_fills_prometheus_for_every_path_stays_silent_then_clea
     assert root_leftovers() == []
     if wide:
         # A target this 2-core lab meets in some runs, not every one: the 0.5 ms paths' p99 lands
-        # 0.16-0.28 ms above p50 in most runs (queueing in the one router's forwarding, shared with
-        # the other hosts' tests). Reported as an expected failure, after every other check, until
-        # the lab's forwarding path meets it every time.
+        # 0.15-0.47 ms above p50 in most runs, the TCP series more often than the UDP ones (whose
+        # echo subtracts the responder's hold); the cause is not found yet. Reported as an expected
+        # failure, after every other check, until the lab meets it every time.
         pytest.xfail(f"idle RTT tails beyond the target: {wide}")
 
 
