@@ -32,6 +32,16 @@ def build(p: Params) -> Dashboard:
             query(f"sum by (probe, result) (rate(pathprobe_probe_runs_total{{{job}}}[$__rate_interval]))",
                   "{{probe}} {{result}}"),
             span=HALF))
+        .with_panel(series(
+            "Clock offset to peers",
+            "Each host's clock minus each peer's, from the UDP echoes' stamps (the least-delayed exchange of the "
+            "last 64). The \"smallest |offset|\" series of a host is the figure "
+            f"PathprobeClockOffsetHigh compares with {p.clock_offset_max_seconds:g} s: one host off by that much "
+            "starts its throughput turns at the wrong time.",
+            "s",
+            *lines((f"pathprobe_clock_offset_seconds{{{job}}}", "{{host}} vs {{peer}}"),
+                   (f"min by (host) (abs(pathprobe_clock_offset_seconds{{{job}}}))", "{{host}} smallest |offset|")),
+            span=HALF))
         .with_row(Row("Throughput loop and budget"))
         .with_panel(series(
             "Schedule turns, errors and skipped tests",

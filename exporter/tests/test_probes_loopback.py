@@ -5,6 +5,7 @@ import socket
 
 import pytest
 
+from pathprobe import stamps
 from pathprobe.allow import AllowList
 from pathprobe.config import LossSettings, MtuSettings, RttSettings
 from pathprobe.probes import EchoProber, MtuProber, RttProber, Target
@@ -153,6 +154,38 @@ def test_both_probes_work_over_ipv4_and_ipv6(address: str) -> None:
     tcp, udp = asyncio.run(scenario())
     assert (tcp.received, udp.received, udp.lost) == (10, 10, 0)
     assert all(0 < rtt < 0.05 for rtt in tcp.rtts + udp.rtts)
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "::1"])
+def test_both_probes_time_every_request_from_the_kernels_transmit_stamp(
+    address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each sample's send time is its own packet's transmit stamp: after the clock read that
+    preceded its send(), before its answer (a stamp matched to the wrong packet is not)."""
+    chosen: list[tuple[int, int | None, int]] = []
+    sent_time = stamps.sent_time
+
+    def spy(read_ns: int, kernel_ns: int | None, arrived_ns: int) -> int:
+        chosen.append((read_ns, kernel_ns, arrived_ns))
+        return sent_time(read_ns, kernel_ns, arrived_ns)
+
+    async def scenario() -> None:
+        allow = AllowList(["127.0.0.0/8", "::1/128"])
+        rr = await RrResponder(allow, 16, lambda _: None).start(address, 0)
+        echo = EchoResponder(allow, 1000, lambda _: None)
+        await echo.start(address, 0)
+        rtt = RttSettings(interval_seconds=0.001, size_bytes=1, timeout_seconds=2.0, flows=2)
+        tcp = RttProber(Target(address, rr.listener.getsockname()[1]), rtt, ReportSink(RttReport("tcp", 0.001, 1)))
+        await tcp.run(count=20)
+        loss = LossSettings(rate_pps=200, size_bytes=64, timeout_seconds=1.0, flows=4)
+        await EchoProber(Target(address, echo.sockname()[1]), loss, ReportSink(RttReport("udp", 0.005, 64))).run(40)
+        rr.close()
+        echo.close()
+
+    monkeypatch.setattr(stamps, "sent_time", spy)
+    asyncio.run(scenario())
+    assert len(chosen) == 60
+    assert all(k is not None and read <= k <= arrived for read, k, arrived in chosen), chosen
 
 
 def test_the_mtu_prober_sees_sizes_carried_over_loopback() -> None:

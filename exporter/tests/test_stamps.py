@@ -2,7 +2,7 @@
 
 import pytest
 
-from pathprobe.stamps import clock_offset, network_rtt
+from pathprobe.stamps import clock_offset, network_rtt, sent_time
 
 
 def test_hold_time_is_taken_out() -> None:
@@ -31,3 +31,10 @@ def test_an_asymmetric_exchange_errs_by_at_most_half_its_delay() -> None:
     offset, delay = clock_offset(0, 30_000_000, 30_000_000, 32_000_000)
     assert offset == pytest.approx(0.014) and delay == pytest.approx(0.032)
     assert abs(offset) <= delay / 2
+
+
+def test_a_transmit_stamp_is_used_only_where_it_fits_its_request() -> None:
+    assert sent_time(100, 130, 900) == 130
+    assert sent_time(100, None, 900) == 100  # none given
+    assert sent_time(100, 90, 900) == 100  # before the clock read: an earlier send's
+    assert sent_time(100, 950, 900) == 100  # after the answer: a later send's

@@ -108,10 +108,16 @@ class Connection:
     it. The callback stays registered (no epoll_ctl per message) and pauses only while
     MAX_BUFFERED bytes wait unread (a peer that sends without reading answers) and no
     read is waiting for more.
+
+    With `stamp_sends` (a connected socket, nothing written yet), `sent_ns` is the kernel's
+    transmit timestamp of the last write's last byte once it is known, else None.
     """
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, stamp_sends: bool = False):
         self.sock = sock
+        self.sent_ns: int | None = None
+        self._stamping = stamp_sends and stamps.enable_sent(sock)
+        self._written = 0  # bytes, for the transmit stamps' keys (the offset of a write's last byte)
         self._loop = asyncio.get_running_loop()
         self._buffer = bytearray()
         self._stamp = 0
@@ -133,6 +139,10 @@ class Connection:
             self._reading = False
 
     def _on_readable(self) -> None:
+        if self._stamping:
+            for key, when in stamps.sent_times(self.sock):
+                if key == (self._written - 1) % 2**32:
+                    self.sent_ns = when
         try:
             data, ancdata, _, _ = self.sock.recvmsg(READ_SIZE, stamps.CMSG_SPACE)
         except (BlockingIOError, InterruptedError):
@@ -174,13 +184,21 @@ class Connection:
             self._resume()
         return data, self._stamp
 
-    async def write(self, data: bytes) -> None:
-        try:  # small messages: one send() without going through the event loop
+    def send_now(self, data: bytes | bytearray) -> int:
+        """As much of `data` as the socket takes without waiting (bytes sent)."""
+        try:
             sent = self.sock.send(data)
         except (BlockingIOError, InterruptedError):
             sent = 0
+        self._written += sent
+        return sent
+
+    async def write(self, data: bytes | bytearray) -> None:
+        self.sent_ns = None
+        sent = self.send_now(data)  # small messages: one send() without going through the event loop
         if sent < len(data):
             await self._loop.sock_sendall(self.sock, data[sent:])
+            self._written += len(data) - sent
 
     def close(self) -> None:
         self._pause()

@@ -29,6 +29,9 @@ ACCOUNT_EVERY_SECONDS = 1.0
 # The clock offset reported is that of the least-delayed of this many recent exchanges (as
 # NTP's clock filter picks its sample): queueing on either way adds error to the others.
 OFFSET_SAMPLES = 64
+# Sends per flow whose transmit stamp is still awaited: the stamp comes within the send()
+# itself or, behind a shaper's queue, within the packet's time in it.
+STAMP_KEYS_KEPT = 64
 # Jitter gain of RFC 3550 (interarrival jitter), applied to successive RTTs.
 JITTER_GAIN = 1 / 16
 
@@ -42,6 +45,9 @@ class _Flow:
         self.newest = 0  # the highest flow index (1-based) echoed so far
         self.reflected = 0  # the responder's received count in that echo
         self.health = FlowHealth()
+        # Transmit stamps' keys (the socket's sends counted from 0) -> seq, of recent sends.
+        self.stamp_keys: OrderedDict[int, int] = OrderedDict()
+        self.next_key = 0
 
 
 class EchoProber:
@@ -61,9 +67,17 @@ class EchoProber:
         self._jitter = 0.0
         self._memory = max(1024, int(settings.rate_pps * settings.timeout_seconds * 4))
         self._offsets: deque[tuple[float, float]] = deque(maxlen=OFFSET_SAMPLES)  # (delay, offset)
+        self._stamping = False  # whether the flows' sockets give transmit stamps
+        self._sent_ns: dict[int, int] = {}  # seq -> the kernel's transmit stamp, of packets in flight
 
     # --- receiving
     def _read(self, sock: socket.socket, flow: int) -> None:
+        if self._stamping:  # first: an echo read below may be the answer to a packet stamped here
+            keys = self._flows[flow].stamp_keys
+            for key, when in stamps.sent_times(sock):
+                seq = keys.pop(key, None)
+                if seq is not None and seq in self._outstanding:
+                    self._sent_ns[seq] = when
         for _ in range(64):
             try:
                 data, ancdata, _, addr = sock.recvmsg(2048, stamps.CMSG_SPACE)
@@ -73,6 +87,7 @@ class EchoProber:
                 oldest = next((seq for seq, (_, f, _) in self._outstanding.items() if f == flow), None)
                 if oldest is not None:
                     del self._outstanding[oldest]
+                    self._sent_ns.pop(oldest, None)
                 self.sink.failure(reason_of_oserror(exc))
                 return
             self.datagram_received(data, addr, stamps.kernel_time(ancdata))
@@ -89,6 +104,7 @@ class EchoProber:
             return
         _, seq, sent_ns, hold_ns, reflected = wire.ECHO_HEADER.unpack_from(data)
         outstanding = self._outstanding.pop(seq, None)
+        sent_ns = stamps.sent_time(sent_ns, self._sent_ns.pop(seq, None), arrived_ns)
         if outstanding is None:
             if seq in self._answered:
                 self.sink.duplicate()
@@ -166,6 +182,7 @@ class EchoProber:
             if not everything and now - sent_at < self.settings.timeout_seconds:
                 break
             del self._outstanding[seq]
+            self._sent_ns.pop(seq, None)
             self._remember(self._expired, seq)
             self._flows[flow].health.record(lost=True)
             self.sink.lost(now - sent_at)
@@ -183,6 +200,15 @@ class EchoProber:
         self._index.pop(seq - self._memory, None)
         return flow
 
+    def _stamped(self, flow: int, seq: int) -> None:
+        """Note the key that packet `seq`'s transmit stamp will carry. A send refused for a full
+        buffer may still use a key; the packets after it then get none that fits (sent_time)."""
+        f = self._flows[flow]
+        f.stamp_keys[f.next_key % 2**32] = seq
+        f.next_key += 1
+        if len(f.stamp_keys) > STAMP_KEYS_KEPT:
+            f.stamp_keys.popitem(last=False)
+
     def _open(self) -> list[socket.socket] | None:
         """One connected socket per flow (the kernel gives each its own source port)."""
         t = self.target
@@ -192,6 +218,7 @@ class EchoProber:
                 sock = wire.probe_socket(t.address, socket.SOCK_DGRAM, t.source)
                 socks.append(sock)
                 stamps.enable(sock)
+                self._stamping = stamps.enable_sent(sock)
                 sock.connect((t.address, t.port))
         except OSError as exc:
             for sock in socks:
@@ -223,6 +250,7 @@ class EchoProber:
                 flow = self.track(self._seq, now)
                 try:
                     socks[flow].send(wire.echo_packet(self._seq, size, time.time_ns()))
+                    self._stamped(flow, self._seq)
                 except BlockingIOError:
                     pass  # a full send buffer drops the packet: it counts as lost
                 except OSError as exc:

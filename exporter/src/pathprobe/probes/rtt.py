@@ -95,7 +95,7 @@ class RttProber:
                 async with asyncio.timeout(self.settings.timeout_seconds):
                     await loop.sock_connect(sock, (t.address, t.port))
                     wire.tune(sock)
-                    conn = wire.Connection(sock)
+                    conn = wire.Connection(sock, stamp_sends=True)
                     await conn.write(wire.RR_HELLO.pack(wire.RR_MAGIC, wire.RR_VERSION, self.settings.size_bytes))
                     answer, _ = await conn.read(1)
         except BaseException:
@@ -115,6 +115,7 @@ class RttProber:
                 await conn.write(self._payload)
                 answer, arrived_ns = await conn.read(size + wire.HOLD.size)
                 elapsed = time.perf_counter() - start
+        sent_ns = stamps.sent_time(sent_ns, conn.sent_ns, arrived_ns)
         return stamps.network_rtt(sent_ns, arrived_ns, elapsed, wire.HOLD.unpack_from(answer, size)[0])
 
 

@@ -57,15 +57,19 @@ class EchoResponder:
         self._received[flow] = received  # most recent last: the oldest flow goes first when full
         if len(self._received) > MAX_FLOWS:
             self._received.popitem(last=False)
-        # Taken last, so that the hold covers everything but the send itself.
+        answer = bytearray(data)
+        clocks = len(data) >= wire.ECHO_CLOCKS_OFFSET + wire.ECHO_CLOCKS.size
+        # Taken last, so that the hold covers everything but the send itself: the time from here to
+        # the packet leaving counts as the network's (30 us at p50, 0.1 ms at p99 on a busy lab host),
+        # so only the packs into the answer come between.
         answered_ns = time.time_ns()
         hold = max(0, answered_ns - (arrived_ns or answered_ns))
-        start, end = wire.ECHO_HOLD_OFFSET, wire.ECHO_HOLD_OFFSET + wire.ECHO_REFLECTED.size
-        clocks = end + wire.ECHO_CLOCKS.size
-        stamped = wire.ECHO_CLOCKS.pack(took_ns, answered_ns) + data[clocks:] if len(data) >= clocks else data[end:]
-        self.sendto(data[:start] + wire.ECHO_REFLECTED.pack(hold, received) + stamped, addr)
+        wire.ECHO_REFLECTED.pack_into(answer, wire.ECHO_HOLD_OFFSET, hold, received)
+        if clocks:
+            wire.ECHO_CLOCKS.pack_into(answer, wire.ECHO_CLOCKS_OFFSET, took_ns, answered_ns)
+        self.sendto(answer, addr)
 
-    def sendto(self, data: bytes, addr: tuple[str, int]) -> None:
+    def sendto(self, data: bytes | bytearray, addr: tuple[str, int]) -> None:
         """Reply from the address the request was sent to (IP_PKTINFO): a host with several
         addresses (or a responder bound to 0.0.0.0) would otherwise answer from another one,
         and the prober's connected socket would drop the answer."""

@@ -88,14 +88,19 @@ class RrResponder:
             if not self.allow.allows(source):
                 self.count("revoked")
                 return
-            # Taken last, so that the hold covers everything but the send itself.
-            hold = max(0, time.time_ns() - arrived_ns)
-            await _write(conn, request + wire.HOLD.pack(hold))
+            answer = bytearray(request + wire.HOLD.pack(0))
+            # Taken last, so that the hold covers everything but the send itself (as the echo's).
+            wire.HOLD.pack_into(answer, size, max(0, time.time_ns() - arrived_ns))
+            await _write(conn, answer)
 
 
-async def _write(conn: wire.Connection, data: bytes) -> None:
-    async with asyncio.timeout(WRITE_TIMEOUT):
-        await conn.write(data)
+async def _write(conn: wire.Connection, data: bytes | bytearray) -> None:
+    """Send `data`: at once when the socket takes it all (an answer's usual case, with nothing
+    between the hold's clock read and the send), else the rest within WRITE_TIMEOUT."""
+    sent = conn.send_now(data)
+    if sent < len(data):
+        async with asyncio.timeout(WRITE_TIMEOUT):
+            await conn.write(data[sent:])
 
 
 class RrServer:
