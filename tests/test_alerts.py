@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from helpers import in_host, scrape, start_exporter, topology, value, wait_for
 from pathprobe import promql
@@ -79,6 +80,19 @@ def test_lab_rules_are_valid_too(tmp_path: Path) -> None:
     assert check.returncode == 0, check.stdout + check.stderr
 
 
+@pytest.mark.parametrize("rtt_window_seconds", [60, 300])
+def test_every_recording_rule_writes_its_own_series(rtt_window_seconds: int) -> None:
+    """Two rules recording one name write one series twice: Prometheus keeps one and discards the other."""
+    for p in (params.Params(), lab_alert_params(rotation_seconds(DRILL, SLOT), rtt_window_seconds)):
+        records = [r["record"] for g in yaml.safe_load(rules.dump(p))["groups"] for r in g["rules"] if "record" in r]
+        assert len(records) == len(set(records)), sorted(r for r in records if records.count(r) > 1)
+
+
+def test_rtt_windows_that_would_name_one_recording_are_refused() -> None:
+    with pytest.raises(ValidationError, match=r"rtt_recent_window\n.*equal to rtt_exporter_window"):
+        params.Params(rtt_exporter_window="1m", rtt_recent_window="1m")
+
+
 def test_alertmanager_config_is_valid(tmp_path: Path) -> None:
     check = run("amtool", "check-config", str(AM))
     assert check.returncode == 0, check.stdout + check.stderr
@@ -135,7 +149,7 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     webhook = demo.start_webhook(log, WEBHOOK_PORT)
     params = lab_alert_params(rotation_seconds(DRILL, SLOT), RTT_WINDOW)
     prom, _ = demo.start_monitoring(DRILL, work, PROM_PORT, AM_PORT, AM, params, webhook_port=WEBHOOK_PORT)
-    yield {"prom": prom, "log": log}
+    yield {"prom": prom, "log": log, "params": params}
     webhook.shutdown()
     net.down()
 
@@ -298,10 +312,18 @@ def test_added_delay_fires_the_rtt_baseline_alert_and_resolves(drill: dict, caps
     state = State.load()
     assert state is not None
     spec = state.spec("drill-a", "drill-b")
+    # The baseline is the median of the path's RTT over its window: with more than half of that window
+    # healthy before the delay, the delay cannot raise it before the alert fires. Run after the other
+    # drills, the history is there; run alone, this waits for it.
+    p = drill["params"]
+    history = (f'count_over_time(path:pathprobe_rtt_seconds:p50_{p.rtt_exporter_window}{{host="drill-a", '
+               f'peer="drill-b"}}[{p.rtt_baseline_window}:{p.rtt_baseline_step}])')  # fmt: skip
+    wait_for("6 minutes of RTT history", lambda: [s for s in promql.query(drill["prom"], history)
+             if float(s["value"][1]) >= 12], timeout=600, every=10)  # fmt: skip
     seen = len(drill["log"].read_text().splitlines())
     impaired = time.monotonic()
     # 8 ms RTT becomes 28 ms one way only (the echo's reverse path is untouched): more than 1.5x
-    # the 15-minute baseline the earlier drills built, and more than 2 ms above it.
+    # the 15-minute baseline, and more than 2 ms above it.
     shaping.set_path(state, "drill-a", "drill-b", PathSpec(spec.rate, spec.one_way_delay + 0.020, 0.0, spec.path_class))
     try:
         wait_for("the RTT alert", lambda: [a for a in new_alerts(drill["log"], seen)

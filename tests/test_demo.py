@@ -121,9 +121,15 @@ def test_the_default_demo_fills_prometheus_for_every_path_stays_silent_then_clea
             print(f"\ndemo: silent for {SILENT_SECONDS} s; best ratio to the floor per test: lowest "
                   f"{min(best.values()):.3f} ({min(best, key=best.__getitem__)}), of {len(best)} tests")  # fmt: skip
         assert len(best) == 2 * len(paths) and min(best.values()) >= BEST_RATIO, best
-        wide = wide_idle_rtt_tails()
+        tails = idle_rtt_tails()
+        wide = {k: (p50, p99) for k, (p50, p99, bound) in tails.items() if p99 - p50 > bound}
+        closest = max(tails, key=lambda k: (tails[k][1] - tails[k][0]) / tails[k][2])
         with capsys.disabled():
-            print(f"demo: idle RTT series with p99 beyond the target: {wide or 'none'}")
+            p50, p99, bound = tails[closest]
+            print(
+                f"demo: idle RTT series with p99 beyond the target: {wide or 'none'}; closest to it: {closest} "
+                f"p50 {p50 * 1e3:.3f} ms, p99 {p99 * 1e3:.3f} ms (+{(p99 - p50) * 1e3:.3f}, bound {bound * 1e3:.3f})"
+            )
         check_capacity_review()
     finally:
         demo.send_signal(signal.SIGINT)
@@ -132,17 +138,18 @@ def test_the_default_demo_fills_prometheus_for_every_path_stays_silent_then_clea
     assert "removed namespace pp-router" in out
     assert root_leftovers() == []
     if wide:
-        # A target this 2-core lab meets in some runs, not every one: the 0.5 ms paths' p99 lands
-        # 0.15-0.47 ms above p50 in most runs, the TCP series more often than the UDP ones (whose
-        # echo subtracts the responder's hold); the cause is not found yet. Reported as an expected
-        # failure, after every other check, until the lab meets it every time.
+        # Reported as an expected failure, after every other check, until the lab is shown to meet it every
+        # time. Before the probes took their send time from the kernel's transmit stamp, the 0.5 ms paths'
+        # p99 landed 0.15-0.47 ms above p50 in every run; since, within the target in the runs made, but by
+        # as little as 0.02 ms: the responder's time from its hold's clock read to its packet leaving still
+        # counts as the network's.
         pytest.xfail(f"idle RTT tails beyond the target: {wide}")
 
 
-def wide_idle_rtt_tails() -> dict[tuple[str, str, str], tuple[float, float]]:
-    """Idle RTT tails as tight as the path: the idle series (of all 24) whose p99 is more than 10% above
-    their p50, or more than 0.15 ms on the sub-millisecond paths (where 10% is less than a scheduler's
-    wake-up), with (p50, p99)."""
+def idle_rtt_tails() -> dict[tuple[str, str, str], tuple[float, float, float]]:
+    """Idle RTT tails as tight as the path: every idle series (all 24) with its p50, its p99 and how far
+    above p50 its p99 may be: 10% of p50, or 0.15 ms on the sub-millisecond paths (where 10% is less
+    than a scheduler's wake-up)."""
 
     def by_series(q: str) -> dict[tuple[str, str, str], float]:
         found = query(f'pathprobe_rtt_seconds{{state="idle", quantile="{q}"}}')
@@ -152,7 +159,7 @@ def wide_idle_rtt_tails() -> dict[tuple[str, str, str], tuple[float, float]]:
 
     p50, p99 = by_series("0.5"), by_series("0.99")
     assert len(p50) == 24, p50  # 12 paths, TCP and UDP
-    return {k: (p50[k], p99[k]) for k in p50 if p99[k] - p50[k] > max(0.1 * p50[k], 0.00015)}
+    return {k: (p50[k], p99[k], max(0.1 * p50[k], 0.00015)) for k in p50}
 
 
 def check_capacity_review() -> None:

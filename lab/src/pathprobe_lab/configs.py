@@ -107,8 +107,7 @@ def lab_alert_params(rotation_seconds: float, rtt_window_seconds: int = 300) -> 
     rtt_window = f"{rtt_window_seconds // 60}m" if rtt_window_seconds % 60 == 0 else f"{rtt_window_seconds}s"
     half_minute = ("rtt_for", "loss_for", "mtu_for", "unreachable_window", "unreachable_for", "exporter_down_for",
                    "budget_for", "budget_state_unusable_for")  # fmt: skip
-    minute = ("rtt_recent_window", "loss_window", "refused_window", "schedule_mismatch_for",
-              "budget_save_failures_window")  # fmt: skip
+    minute = ("loss_window", "refused_window", "schedule_mismatch_for", "budget_save_failures_window")
     return Params.model_validate({
         **dict.fromkeys(half_minute, "30s"),
         **dict.fromkeys(minute, "1m"),
@@ -116,6 +115,8 @@ def lab_alert_params(rotation_seconds: float, rtt_window_seconds: int = 300) -> 
         "rtt_baseline_window": "15m",
         "rtt_baseline_step": "30s",
         "rtt_exporter_window": rtt_window,
+        # Not the exporters' window: each names its own recording rule (Params refuses equal ones).
+        "rtt_recent_window": "90s" if rtt_window == "1m" else "1m",
         "baseline_evaluation_interval": "30s",
         "partial_failure_for": "60s",  # longer than any self-inflicted loss of a test (a flow counts 32 packets)
         "mtu_memory": "15m",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from .. import yamlfile
 from ..config import Strict
@@ -72,6 +72,17 @@ class Params(Strict):
     baseline_evaluation_interval: str = Field(
         default="5m", description="of the RTT baseline (a median over days changes slowly; its query is the largest)"
     )
+
+    @field_validator("rtt_recent_window", "rtt_baseline_window")
+    @classmethod
+    def _names_its_own_recording(cls, window: str, info: ValidationInfo) -> str:
+        """Each RTT window names a recording rule (path:pathprobe_rtt_seconds:p50_<window>): two equal
+        windows would write one series from two rules, and Prometheus keeps only one of them."""
+        earlier = {f: info.data.get(f) for f in ("rtt_exporter_window", "rtt_recent_window") if f != info.field_name}
+        for field, other in earlier.items():
+            if window == other:
+                raise ValueError(f"equal to {field} ({other}): the two would name the same recording rule")
+        return window
 
 
 def load_params(path: str | Path | None) -> Params:
