@@ -4,10 +4,10 @@ Both probes take the RTT as TWAMP/STAMP reflectors make it: from the kernel's tr
 timestamp of the request to the kernel's receive timestamp of the answer, less how long the
 responder held the request (which it reports). Waking a Python process takes 0.1-0.3 ms on
 a VM, twice per exchange; without this every RTT would include them. The transmit stamp
-matters as much: on a busy 2-core lab host the time from reading the clock to the packet
-leaving (send() returning) was 20-30 us at p50 but 0.1-0.4 ms at p99, as much as the whole
-tail allowed on a 0.5 ms path. Where the kernel gives none, the clock read just before
-send() stands in.
+matters too: on a busy 2-core lab host the time from the clock read before send() to the
+kernel's transmit stamp was 12-15 us at p50 but 50-70 us at p99 (0.4-0.6 ms with the host's
+own test queued ahead), a third of the tail allowed on a 0.5 ms path. Where the kernel gives
+no stamp, that clock read stands in.
 """
 
 from __future__ import annotations
