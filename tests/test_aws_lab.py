@@ -10,6 +10,7 @@ must match what iperf3 measures once the credits are spent, 1 stream and 4.
 from __future__ import annotations
 
 import re
+import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,7 +55,9 @@ def test_a_host_bursts_on_its_credits_then_falls_to_its_baseline(lab: None) -> N
     result = iperf3(TOPOLOGY, "tokyo-a", "tokyo-b", 4, 6, 0)
     seconds = [i["sum"]["bits_per_second"] for i in result["intervals"]]
     assert seconds[0] > 1.3 * caps.baseline, seconds  # on credits
-    assert seconds[-1] == pytest.approx(caps.baseline, rel=0.05), seconds  # spent: the baseline
+    # Spent: the baseline, over the last 3 s (credits last up to 4 s). A single second is not the
+    # rate: one CI run read 626, 638, then 589 Mbit/s in the last second against 630.
+    assert statistics.median(seconds[-3:]) == pytest.approx(caps.baseline, rel=0.05), seconds
 
 
 def test_lab_status_shows_each_cap(lab: None) -> None:
