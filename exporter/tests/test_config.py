@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from test_budget import deny_open
 
 from pathprobe import config, yamlfile
@@ -127,7 +128,8 @@ def test_unreadable_file(tmp_path: Path) -> None:
 
 LAUGHS = "".join([f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)])
 
-# Merge keys through 1,200 anchors, the last one used first: flattened recursively.
+# Merge keys through 1,200 anchors, the last one used first (PyYAML's constructor flattened
+# them recursively, and refused the chain).
 MERGE_CHAIN = "\n".join(
     ["defs:", "  - &a0 {x: 1}", *(f"  - &a{i} {{<<: *a{i - 1}}}" for i in range(1, 1200)), "z: *a1199", ""]
 )
@@ -149,15 +151,16 @@ MERGE_CHAIN = "\n".join(
          ":7: more than 1500000 values with aliases expanded"),
         (b"host: *a\n", ":1: alias *a has no anchor before it"),
         (b"host: &a {name: *a}\n", ":1: alias *a inside its own anchor (a recursive structure)"),
-        (MERGE_CHAIN.encode(), "merge keys (<<) chained too deep"),
+        (b"a: {<<: [1, 2]}\n", ":1: YAML: a merge (<<) takes a mapping or a list of mappings"),
+        (b"a: {[1]: 2}\n", ":1: a mapping key must be a plain value, not a list or a mapping"),
         (b"a: !!python/object:os.system ls\n", ":1: the tag tag:yaml.org,2002:python/object:os.system is not"),
         ((MINIMAL + "---\nb: 1\n").encode(), ":4: more than one YAML document"),
         ((MINIMAL + "zone: 2024-13-45\n").encode(), ":4: '2024-13-45' is not a valid timestamp"),
         ((MINIMAL + "limits_scale: " + "9" * 5000 + "\n").encode(), ":4: '99999"),
     ],
     ids=["binary", "latin1", "utf16", "nul", "escape", "deep-flow", "deep-block", "empty", "comment-only",
-         "billion-laughs", "alias", "recursive-alias", "merge-chain", "python-tag", "two-documents", "bad-date",
-         "5000-digit-int"],
+         "billion-laughs", "alias", "recursive-alias", "merge-of-a-list", "list-as-key", "python-tag",
+         "two-documents", "bad-date", "5000-digit-int"],
 )  # fmt: skip
 def test_unusable_yaml_is_a_config_error_naming_the_line(tmp_path: Path, content: bytes, expected: str) -> None:
     path = tmp_path / "pathprobe.yaml"
@@ -199,6 +202,36 @@ def test_bad_values_are_config_errors(tmp_path: Path, extra: str, expected: str)
     found = problems(tmp_path, MINIMAL + extra + "\n")
     assert time.monotonic() - start < 2  # 20,000 digits before an 'x' took 22 s in the unit's regex
     assert any(expected in p for p in found), found
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "base: &b {x: 1, y: 2}\nm: {<<: *b, y: 3}\n",  # an explicit key wins
+        "m: {y: 3, <<: {x: 1, y: 2}}\n",  # wherever the merge stands
+        "a: &a {x: 1}\nb: &b {x: 2, z: 2}\nm: {<<: [*a, *b]}\n",  # the first of a merged list wins
+        "m: {<<: {x: 1}, <<: {x: 2, w: 1}}\n",  # of two merge keys, the later wins
+        "s: &s [1, {k: v}]\nt: [*s, *s]\nu: {'<<': 1, ~: null, 3: three, 2.5: f, true: t}\n",
+        "d: 2024-01-02\nq: '2024-01-02'\nn: [~, null, '', \"\", ! 12, !!str 12, 0x1f, 1_000, .5]\n",
+    ],
+    ids=["explicit-wins", "merge-last", "merged-list", "two-merges", "keys", "scalars"],
+)
+def test_values_are_what_pyyaml_constructs(tmp_path: Path, text: str) -> None:
+    # Built straight from the parser's events (yamlfile._Builder): the same values as PyYAML's
+    # own SafeLoader, merge keys included.
+    path = tmp_path / "doc.yaml"
+    path.write_text(text)
+    got = yamlfile.load(path).data
+    assert got == yaml.safe_load(text)
+    assert list(got) == list(yaml.safe_load(text))
+
+
+def test_a_chain_of_merges_loads_in_time(tmp_path: Path) -> None:
+    path = tmp_path / "doc.yaml"
+    path.write_text(MERGE_CHAIN)
+    start = time.monotonic()
+    assert yamlfile.load(path).data["z"] == {"x": 1}
+    assert time.monotonic() - start < 2
 
 
 def test_anchors_and_aliases_as_ansible_writes_them(tmp_path: Path) -> None:
