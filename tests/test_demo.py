@@ -21,7 +21,7 @@ from test_lab import root_leftovers
 from helpers import PATHPROBE, wait_for
 from pathprobe import procs, promql
 from pathprobe_lab import topology
-from pathprobe_lab.state import PREFIX, State
+from pathprobe_lab.state import PREFIX, STATE_DIR, State
 
 pytestmark = pytest.mark.lab
 
@@ -77,6 +77,9 @@ def test_the_default_demo_fills_prometheus_for_every_path_stays_silent_then_clea
 ) -> None:
     hosts = [h.name for h in topology.load(None).hosts]
     paths = {(a, b) for a in hosts for b in hosts if a != b}
+    delay_log = STATE_DIR / "delay-line.log"
+    delay_log_size = delay_log.stat().st_size if delay_log.exists() else 0
+    cpu_before = cpu_times()
     started = time.monotonic()
     demo = subprocess.Popen(
         [*PATHPROBE, "demo", "--alertmanager-routing", str(ROUTING), "--workdir", str(tmp_path)],
@@ -121,6 +124,7 @@ def test_the_default_demo_fills_prometheus_for_every_path_stays_silent_then_clea
             print(f"\ndemo: silent for {SILENT_SECONDS} s; best ratio to the floor per test: lowest "
                   f"{min(best.values()):.3f} ({min(best, key=best.__getitem__)}), of {len(best)} tests")  # fmt: skip
         assert len(best) == 2 * len(paths) and min(best.values()) >= BEST_RATIO, best
+        cpu_share = cpu_shares(cpu_before, cpu_times())
         tails = idle_rtt_tails()
         wide = {k: (p50, p99) for k, (p50, p99, bound) in tails.items() if p99 - p50 > bound}
         closest = max(tails, key=lambda k: (tails[k][1] - tails[k][0]) / tails[k][2])
@@ -137,13 +141,34 @@ def test_the_default_demo_fills_prometheus_for_every_path_stays_silent_then_clea
     assert demo.returncode == 0, out[-2000:]
     assert "removed namespace pp-router" in out
     assert root_leftovers() == []
+    # Where a tail would come from: the machine's time over the silent window (a hypervisor's steal,
+    # softirq) and how late the delay line released packets (its summary, written as the lab stops it).
+    with delay_log.open("rb") as f:
+        f.seek(delay_log_size)
+        delay_line = [x for x in f.read().decode(errors="replace").splitlines() if "releases late" in x]
+    with capsys.disabled():
+        summary = delay_line[-1] if delay_line else "no delay line summary"
+        print(f"demo: the machine's CPU over the silent window, % of all cores: {cpu_share}; {summary}")
     if wide:
         # Reported as an expected failure, after every other check, until the lab is shown to meet it every
         # time. Before the probes took their send time from the kernel's transmit stamp, the 0.5 ms paths'
-        # p99 landed 0.15-0.47 ms above p50 in every run; since, within the target in the runs made, but by
-        # as little as 0.02 ms: the responder's time from its hold's clock read to its packet leaving still
-        # counts as the network's.
+        # p99 landed 0.15-0.47 ms above p50 in every run. Since, within the target in most runs, by 0.02 to
+        # 0.06 ms; one run missed on every 0.5 and 8 ms path at once by about 2 ms, a stall of the whole
+        # machine or the delay line whose cause is not known (the line above is there to find it).
         pytest.xfail(f"idle RTT tails beyond the target: {wide}")
+
+
+CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_times() -> list[int]:
+    """The machine's CPU time so far by kind (/proc/stat's first line, in ticks)."""
+    return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1 : 1 + len(CPU_FIELDS)]]
+
+
+def cpu_shares(before: list[int], after: list[int]) -> dict[str, float]:
+    spent = [b - a for a, b in zip(before, after, strict=True)]
+    return {name: round(100 * t / sum(spent), 1) for name, t in zip(CPU_FIELDS, spent, strict=True)}
 
 
 def idle_rtt_tails() -> dict[tuple[str, str, str], tuple[float, float, float]]:

@@ -251,3 +251,25 @@ def test_a_missing_iperf3_binary_leaves_the_other_responders_answering(ports: tu
     # Said, with the binary named, and retried with a back-off (no restart loop at full speed).
     assert "/nonexistent/iperf3" in err and "restarting in" in err, err
     assert "Traceback" not in err
+
+
+CHILD_OF_AN_IGNORING_PARENT = """
+import os, subprocess, threading
+from pathprobe import procs
+def spawn():  # from a thread, as the exporter's probes do
+    subprocess.run(["grep", "SigIgn", "/proc/self/status"], preexec_fn=procs.die_with(os.getpid()), check=True)
+print(open("/proc/self/status").read().split("SigIgn:")[1].split()[0])
+t = threading.Thread(target=spawn)
+t.start()
+t.join()
+"""
+
+
+def test_a_child_stops_on_sigint_even_when_pathprobe_was_started_with_it_ignored() -> None:
+    # A shell's `cmd &` without job control starts cmd with SIGINT and SIGQUIT ignored.
+    out = subprocess.run(["sh", "-c", 'trap "" HUP INT QUIT; exec "$0" -c "$1"', sys.executable,
+                          CHILD_OF_AN_IGNORING_PARENT], capture_output=True, text=True, check=True).stdout  # fmt: skip
+    parent, child = out.split("\n")[0], out.split("SigIgn:")[1].split()[0]
+    stop_mask = sum(1 << (int(s) - 1) for s in procs.STOP_SIGNALS)
+    assert int(parent, 16) & stop_mask == 0b111  # HUP, INT, QUIT ignored in pathprobe
+    assert int(child, 16) & stop_mask == 0, (parent, child)

@@ -2,7 +2,10 @@
 
 Every child runs in its own session (so that a signal reaches its whole group) and
 gets PR_SET_PDEATHSIG: when the process that started it dies, even by SIGKILL, the
-kernel sends it SIGKILL, so no child outlives pathprobe.
+kernel sends it SIGKILL, so no child outlives pathprobe. It starts with the signals
+that stop it at their defaults, whatever pathprobe inherited: a shell's `cmd &` without
+job control starts pathprobe with SIGINT and SIGQUIT ignored, a child inherits that,
+and a child that does not set its own handler would then never stop on SIGINT.
 """
 
 from __future__ import annotations
@@ -17,17 +20,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
+STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM)
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
 def die_with(parent: int) -> Callable[[], None]:
-    """A preexec_fn for children of `parent` (pass os.getpid()): SIGKILL when it goes (Linux).
-    A parent that died between fork and the prctl sends no signal, hence the check after."""
+    """A preexec_fn for children of `parent` (pass os.getpid()): SIGKILL when it goes (Linux),
+    and STOP_SIGNALS at their defaults. A parent that died between fork and the prctl sends
+    no signal, hence the check after."""
 
     def preexec() -> None:
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:
             os._exit(1)
+        for sig in STOP_SIGNALS:  # libc's: Python's signal.signal() refuses outside the main thread
+            _libc.signal(int(sig), ctypes.c_void_p(int(signal.SIG_DFL)))
 
     return preexec
 
