@@ -39,7 +39,7 @@ def member(name: str, address: str) -> dict[str, Any]:
     return {"name": name, "address": address, "region": f"r-{name}", "path_class": "inter_region", **ports}
 
 
-def config(tmp_path: Path, me: dict[str, Any], peers: list[dict[str, Any]], web: int) -> Path:
+def config(tmp_path: Path, me: dict[str, Any], peers: list[dict[str, Any]], web: int, slot: float = SLOT) -> Path:
     cfg = {
         "host": {"name": me["name"], "address": me["address"], "region": me["region"]},
         "peers": peers,
@@ -47,7 +47,7 @@ def config(tmp_path: Path, me: dict[str, Any], peers: list[dict[str, Any]], web:
             "throughput": {"protocols": ["tcp"], "streams": [1], "duration_seconds": 1, "omit_seconds": 0},
             "rtt": {"interval_seconds": 0.2}, "loss": {"rate_pps": 10},
         },
-        "schedule": {"slot_seconds": SLOT, "jitter_seconds": 0, "timeout_margin_seconds": 1},
+        "schedule": {"slot_seconds": slot, "jitter_seconds": 0, "timeout_margin_seconds": 1},
         "responders": {"listen": me["address"], "rr_port": me["rr_port"], "echo_port": me["echo_port"]},
         "iperf3": {"port": me["iperf3_port"]},
         "web": {"listen": f"127.0.0.1:{web}"},

@@ -10,10 +10,17 @@ from itertools import combinations
 from pathlib import Path
 
 import pytest
-from loopback_mesh import SLOT, Samples, config, count, exporter, member, unused_port
+from loopback_mesh import Samples, config, count, exporter, member, unused_port
 from test_reload import wait_for
 
-SKEW = 2.0  # seconds; the turns' grace is 1 s (exporter.TURN_GRACE_SECONDS), a half slot 3 s
+# A slot of 10 s: each half holds one 1 s test. h0's clock SKEW ahead, its tests arrive 2.5 s
+# before their half: 1.5 s after the test of the half before has ended (an earlier arrival meets
+# a server still busy with it, refused by iperf3 as "busy", not by the turns), and 1.5 s before
+# the turns' grace of 1 s (exporter.TURN_GRACE_SECONDS) would admit them. With a 6 s slot and a
+# 2 s skew they arrived as the previous test ended and 1 s before the grace: on a loaded machine
+# they met a busy server about as often as the admission check.
+SLOT = 10.0
+SKEW = 2.5
 # The wall clock ahead, as a clock offset is (chrony disciplines CLOCK_REALTIME); the monotonic
 # clock stays true (libfaketime would otherwise move it too, and the timed waits break).
 AHEAD = ("env", "FAKETIME_DONT_FAKE_MONOTONIC=1", "faketime", "-f", f"+{SKEW:g}s")
@@ -32,17 +39,19 @@ def test_a_host_whose_clock_is_ahead_is_refused_as_out_of_turn_and_never_overlap
     skews = [SKEW, 0.0, 0.0]
     logs = [tmp_path / f"{h['name']}.log" for h in hosts]
     runs, requests = "pathprobe_probe_runs_total", "pathprobe_responder_requests_total"
-    with (exporter(config(tmp_path, hosts[0], hosts[1:], webs[0]), logs[0], AHEAD),
-          exporter(config(tmp_path, hosts[1], [hosts[0], hosts[2]], webs[1]), logs[1]),
-          exporter(config(tmp_path, hosts[2], hosts[:2], webs[2]), logs[2])):  # fmt: skip
+    with (exporter(config(tmp_path, hosts[0], hosts[1:], webs[0], SLOT), logs[0], AHEAD),
+          exporter(config(tmp_path, hosts[1], [hosts[0], hosts[2]], webs[1], SLOT), logs[1]),
+          exporter(config(tmp_path, hosts[2], hosts[:2], webs[2], SLOT), logs[2])):  # fmt: skip
 
         def refused_twice(got: Samples) -> bool:
             return count(got, runs, probe="throughput", result="out_of_turn") >= 2
 
-        skewed = wait_for(webs[0], "h0's tests refused as out of turn twice", refused_twice, seconds=8 * SLOT)
+        turns = (runs, "pathprobe_throughput_skipped_total", "pathprobe_schedule_turns_total")
+        skewed = wait_for(webs[0], "h0 refused as out of turn twice", refused_twice, seconds=8 * SLOT, show=turns)
         assert count(skewed, runs, probe="throughput", result="error") == 0
         peers = [wait_for(w, "a throughput test of the unskewed pair ran",
-                          lambda g: count(g, runs, probe="throughput", result="ok") > 0) for w in webs[1:]]  # fmt: skip
+                          lambda g: count(g, runs, probe="throughput", result="ok") > 0, seconds=3 * SLOT)
+                 for w in webs[1:]]  # fmt: skip
         # Each host's view of its peers' clocks, from the echoes (the peer's clock minus its own).
         offset = "pathprobe_clock_offset_seconds"
         assert count(peers[0], offset, peer="h0") == pytest.approx(SKEW, abs=0.05)

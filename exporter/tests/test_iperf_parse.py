@@ -76,6 +76,8 @@ def test_json_without_end_section_is_an_error() -> None:
         ("control socket has closed unexpectedly", "out_of_turn"),
         ("unable to initialize stream: Transport endpoint is not connected", "out_of_turn"),
         ("unable to write to stream socket: Broken pipe", "out_of_turn"),
+        ("unable to connect stream: Connection refused", "out_of_turn"),
+        ("unable to connect to server: Connection refused", "refused"),
         ("something new", "error"),
     ],
 )

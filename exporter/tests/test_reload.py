@@ -40,8 +40,9 @@ def peers_shown(got: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> set
     return {dict(labels)["peer"] for name, labels in got if name == "pathprobe_peer_info"}
 
 
-def wait_for(port: int, what: str, check: object, seconds: float = 20) -> dict:
-    """Scrape until `check(samples)` holds (/metrics is a snapshot refreshed in the background)."""
+def wait_for(port: int, what: str, check: object, seconds: float = 20, show: tuple[str, ...] = ()) -> dict:
+    """Scrape until `check(samples)` holds (/metrics is a snapshot refreshed in the background);
+    on a timeout, the last scrape's samples of the families `show` say what it read instead."""
     deadline = time.monotonic() + seconds
     while True:
         try:
@@ -51,7 +52,9 @@ def wait_for(port: int, what: str, check: object, seconds: float = 20) -> dict:
         except (ConnectionError, OSError):
             got = {}
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {seconds} s: {what}; last scrape: {sorted(n for n, _ in got)[:20]}")
+            shown = sorted((n, sorted(ls), v) for (n, ls), v in got.items() if n in show)
+            read = shown if show else sorted(n for n, _ in got)[:20]
+            raise AssertionError(f"not within {seconds} s: {what}; last scrape: {read}")
         time.sleep(0.2)
 
 

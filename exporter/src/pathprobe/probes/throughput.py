@@ -28,6 +28,9 @@ _ERROR_REASONS: tuple[tuple[str, Reason], ...] = (
     # iperf3 3.12's server re-opens its listening socket after each test: a client that connects
     # in that moment (the next test of a turn, right after the last at a long RTT) is reset.
     ("unable to receive control message: connection reset", "busy"),
+    # The control connection was accepted and the server was gone when the data stream connected:
+    # cut by the peer's admission (below), before "connection refused" reads as no server at all.
+    ("unable to connect stream: connection refused", "out_of_turn"),
     ("connection refused", "refused"),
     ("no route to host", "unreachable"),
     ("network is unreachable", "unreachable"),
