@@ -6,8 +6,11 @@ out host by host with a shared epoch (SIGHUP), as a deployment does.
 
 After each change every running host's /metrics answers 200 with a snapshot younger than
 two refresh intervals, no render failed, the reload was applied, and no series of a member
-that left remains. At the end: no exception in any host's log, and no host was ever in two
-tests at once (from the hosts' own test logs, as tests/test_fleet_lab.py reads them)."""
+that left remains. Then one host reloads a 10,000-member list in a burst of ten SIGHUPs and goes back to its
+own list, while its peers probe it: they count no idle echo lost and no RTT probe failed
+against it, and the burst costs two reloads, not ten. At the end: no exception in any
+host's log, and no host was ever in two tests at once (from the hosts' own test logs, as
+tests/test_fleet_lab.py reads them)."""
 
 from __future__ import annotations
 
@@ -51,6 +54,8 @@ SETTINGS: list[dict[str, Any]] = [
                     "steady_state": {"enabled": True}},
      "rtt": {"interval_seconds": 1}, "loss": {"rate_pps": 2}},
 ]  # fmt: skip
+# The storm: a member list this long (the lab's hosts and strangers), asked for by this many SIGHUPs.
+STORM_MEMBERS, STORM_SIGHUPS = 10_000, 10
 # Tests that ran: an attempt the peer's server cut as it connected (out of turn) held nobody.
 TEST_LINE = re.compile(r"throughput test -> (\S+) (\S+): from ([0-9.]+) to ([0-9.]+) \(ran\)")
 
@@ -78,6 +83,8 @@ class Fleet:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     left: set[str] = field(default_factory=set)  # members that left and are not back
     changes: list[str] = field(default_factory=list)
+    epoch: float | None = None  # the last change's
+    storm: Storm | None = None
 
     def start(self, host: str, epoch: float | None) -> None:
         self.procs[host] = start_exporter(host, config(host, self.work, self.members, self.settings, epoch), self.work)
@@ -89,6 +96,7 @@ class Fleet:
 
     def roll_out(self, epoch: float, joining: str | None = None) -> None:
         """The new member list and settings to every running member, one at a time, then the joiner."""
+        self.epoch = epoch
         for host in list(self.procs):
             if host in self.members:
                 path = self.work / f"{host}.yaml"
@@ -97,6 +105,79 @@ class Fleet:
                 time.sleep(0.3)
         if joining is not None:
             self.start(joining, epoch)
+
+
+def strangers(n: int) -> list[dict[str, str]]:
+    """Members of other regions at addresses no lab host has: nothing answers there."""
+    return [{"name": f"m{i:05d}", "address": f"198.19.{i // 250}.{i % 250 + 1}", "region": f"x{i % 19}",
+             "path_class": "inter_region"} for i in range(n)]  # fmt: skip
+
+
+@dataclass
+class Storm:
+    """A large reload on one host: how long it took, its reloads, what each peer counted
+    against the host meanwhile (idle echoes lost, RTT probes failed), and the peers the large
+    list still links it with (a hierarchical mesh links a host with some of another region's
+    hosts; it does not answer the others, who count that as designed while their own list
+    still has the link)."""
+
+    host: str
+    seconds: float
+    reloads: float
+    counted: dict[str, float]
+    linked: set[str]
+
+
+def against(got: Samples, host: str) -> tuple[float, float]:
+    """(what a prober counted against `host` when its responders did not answer: idle echoes
+    lost plus RTT probes failed, its RTT probes answered)."""
+    lost = value(got, "pathprobe_udp_packets_lost_total", peer=host, state="idle") or 0
+    rtt = [(dict(ls)["result"], v) for (n, ls), v in got.items()
+           if n == "pathprobe_probe_runs_total" and {("peer", host), ("probe", "rtt")} <= ls]  # fmt: skip
+    return lost + sum(v for result, v in rtt if result != "ok"), sum(v for result, v in rtt if result == "ok")
+
+
+def storm(fleet: Fleet, host: str) -> Storm:
+    """`host` reloads a STORM_MEMBERS list (a hierarchical mesh, as a fleet that large runs)
+    in a burst of STORM_SIGHUPS, then its own list again, while every other member probes it."""
+    peers = [p for p in fleet.procs if p != host]
+    before = {p: against(scrape(metrics_address(p)), host) for p in peers}
+    reloads = "pathprobe_config_reloads_total"
+    reloads_before = value(scrape(metrics_address(host)), reloads, result="success") or 0
+    own = config(host, fleet.work, fleet.members, fleet.settings, fleet.epoch)
+    large = {
+        **own,
+        "peers": [*own["peers"], *strangers(STORM_MEMBERS - len(fleet.members))],
+        "mesh": {**own.get("mesh", {}), "rtt": {"kind": "hierarchical"}},
+    }
+    path, proc = fleet.work / f"{host}.yaml", fleet.procs[host]
+    path.write_text(yaml.safe_dump(large))
+    started = time.monotonic()
+    for _ in range(STORM_SIGHUPS):  # the first starts a reload, the others ask for one more
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(0.1)
+
+    def reloaded(n: float) -> Samples | None:
+        got = scrape(metrics_address(host))
+        return got if (value(got, reloads, result="success") or 0) >= reloads_before + n else None
+
+    got = wait_for(f"{host}: the burst's reloads of {STORM_MEMBERS} members", lambda: reloaded(2), timeout=180)
+    linked = {dict(ls)["peer"] for n, ls in got if n == "pathprobe_peer_info"} & set(peers)
+    path.write_text(yaml.safe_dump(own))
+    proc.send_signal(signal.SIGHUP)
+    got = wait_for(f"{host}: back to its own list", lambda: reloaded(3), timeout=60)
+    seconds = time.monotonic() - started
+    # Each peer's count from a snapshot taken after the storm: more RTT probes of the host answered than now.
+    answered = {p: against(scrape(metrics_address(p)), host)[1] for p in peers}
+
+    def newer(peer: str) -> tuple[float, float] | None:
+        now = against(scrape(metrics_address(peer)), host)
+        return now if now[1] > answered[peer] else None
+
+    after = {p: wait_for(f"{p}: a snapshot after {host}'s storm", lambda p=p: newer(p), timeout=3 * REFRESH, every=0.5)
+             for p in peers}  # fmt: skip
+    counted = {p: after[p][0] - before[p][0] for p in peers}
+    return Storm(host, seconds, (value(got, reloads, result="success") or 0) - reloads_before, counted, linked)
 
 
 def next_epoch() -> float:
@@ -171,6 +252,8 @@ def rolled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             time.sleep(max(0.0, started + moment - time.monotonic()))  # or at once, when the last ran late
             change(fleet, rng)
             healthy(fleet)
+        fleet.storm = storm(fleet, next(h for h in fleet.members if h in fleet.procs))
+        healthy(fleet)
         yield fleet
         for host in list(fleet.procs):
             fleet.stop(host)
@@ -181,6 +264,17 @@ def rolled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 def test_every_kind_of_change_was_rolled_out(rolled: Fleet) -> None:
     assert len(rolled.changes) == CHANGES
     assert {"leave", "join", "settings"} <= set(rolled.changes), rolled.changes
+
+
+def test_a_large_reload_in_a_sighup_burst_costs_the_peers_nothing(rolled: Fleet) -> None:
+    got = rolled.storm
+    assert got is not None
+    print(f"\n{got.host}: a burst of {STORM_SIGHUPS} SIGHUPs for {STORM_MEMBERS} members and back: {got.reloads:g} "
+          f"reloads in {got.seconds:.1f} s; its peers counted {got.counted}, of which it stayed linked with "
+          f"{sorted(got.linked)}")  # fmt: skip
+    assert got.reloads == 3, "the burst should cost two reloads, and going back one"
+    assert got.linked, "the large list links the host with none of the lab's hosts"
+    assert all(got.counted[p] == 0 for p in got.linked), "linked peers counted idle echoes lost or RTT probes failed"
 
 
 def test_no_host_was_ever_in_two_tests_at_once(rolled: Fleet) -> None:
