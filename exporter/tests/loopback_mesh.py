@@ -60,7 +60,7 @@ def config(tmp_path: Path, me: dict[str, Any], peers: list[dict[str, Any]], web:
 
 @contextmanager
 def exporter(path: Path, log: Path, prefix: tuple[str, ...] = ()) -> Iterator[None]:
-    """`pathprobe run` on `path`, its log in `log`; `prefix`: a command that runs it (e.g. faketime)."""
+    """`pathprobe run` on `path`, its log in `log`; `prefix`: a command that runs it (e.g. env)."""
     with log.open("w") as out:
         # A session of its own: a prefix (faketime) may run the exporter as its child, and the
         # signal must reach the exporter, not only the prefix.

@@ -23,7 +23,12 @@ SLOT = 10.0
 SKEW = 2.5
 # The wall clock ahead, as a clock offset is (chrony disciplines CLOCK_REALTIME); the monotonic
 # clock stays true (libfaketime would otherwise move it too, and the timed waits break).
-AHEAD = ("env", "FAKETIME_DONT_FAKE_MONOTONIC=1", "faketime", "-f", f"+{SKEW:g}s")
+# libfaketime is preloaded directly (ld.so expands $LIB), not through the `faketime` wrapper: the
+# wrapper makes the exporter and every child share one semaphore, which the library takes around
+# file stats (NO_FAKE_STAT: none here), so one killed child could stall the whole tree; and it
+# leaves that semaphore and its shared memory in /dev/shm when its group is stopped by a signal.
+AHEAD = ("env", "LD_PRELOAD=/usr/$LIB/faketime/libfaketime.so.1", f"FAKETIME=+{SKEW:g}s",
+         "FAKETIME_DONT_FAKE_MONOTONIC=1", "NO_FAKE_STAT=1")  # fmt: skip
 # A test's span in the client's log (its own clock): "throughput test -> PEER SPEC: from T0 to T1 (ran)".
 RAN = re.compile(r"throughput test -> (\S+) \S+: from ([0-9.]+) to ([0-9.]+) \(ran\)")
 
