@@ -6,11 +6,11 @@ out host by host with a shared epoch (SIGHUP), as a deployment does.
 
 After each change every running host's /metrics answers 200 with a snapshot younger than
 two refresh intervals, no render failed, the reload was applied, and no series of a member
-that left remains. Then one host reloads a 10,000-member list in a burst of ten SIGHUPs and goes back to its
-own list, while its peers probe it: they count no idle echo lost and no RTT probe failed
-against it, and the burst costs two reloads, not ten. At the end: no exception in any
-host's log, and no host was ever in two tests at once (from the hosts' own test logs, as
-tests/test_fleet_lab.py reads them)."""
+that left remains. Then one host reloads a 10,000-member list in a burst of ten SIGHUPs and
+goes back to its own list, while its peers probe it: the peers the large list still links it
+with count no idle echo lost and no RTT probe failed against it, and the burst costs two
+reloads, not ten. At the end: no exception in any host's log, and no host was ever in two
+tests at once (from the hosts' own test logs, as tests/test_fleet_lab.py reads them)."""
 
 from __future__ import annotations
 
