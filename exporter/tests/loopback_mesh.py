@@ -70,7 +70,12 @@ def exporter(path: Path, log: Path, prefix: tuple[str, ...] = ()) -> Iterator[No
         yield
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=15)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # a hung exporter, and a child stuck between fork and exec
+            proc.wait(timeout=5)
+            raise
 
 
 def count(got: Samples, name: str, **labels: str) -> float:
