@@ -6,9 +6,12 @@ import concurrent.futures
 import contextlib
 import gzip
 import http.client
+import os
 import shutil
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -258,7 +261,8 @@ def test_32_concurrent_tls_scrapes_all_succeed(secured: WebSettings) -> None:
 
 def test_idle_connections_are_closed_after_the_timeout_plain_and_tls(secured: WebSettings) -> None:
     plain = WebSettings(listen="127.0.0.1:0")
-    quick = Limits(handshake_seconds=0.5, request_seconds=0.5)
+    # Deferred by the kernel for 1 s (its first SYN-ACK retransmission), then the deadline.
+    quick = Limits(handshake_seconds=0.5, request_seconds=0.5, defer_accept_seconds=1)
     for settings in (plain, secured):
         with running(settings, limits=quick) as (server, port):
             with socket.create_connection(("127.0.0.1", port)) as idle:
@@ -297,10 +301,94 @@ def test_a_connection_past_its_deadline_is_cut() -> None:
         assert refusals(server, "deadline") == 1
 
 
-def test_idle_connections_take_no_worker_and_scrapes_answer_at_once() -> None:
+def slow_from(source: str, port: int) -> socket.socket:
+    """A client that begins its request and sends no more. (One that sends nothing never reaches
+    the server before the kernel's deferral ends: test_silent_connections_stay_with_the_kernel.)"""
+    s = socket.socket()
+    s.bind((source, 0))
+    s.connect(("127.0.0.1", port))
+    s.sendall(b"GET /metrics HTTP/1.1\r\n")
+    return s
+
+
+def test_silent_connections_stay_with_the_kernel_and_cost_the_server_nothing() -> None:
+    with running(WebSettings(listen="127.0.0.1:0")) as (server, port):
+        descriptors = len(os.listdir("/proc/self/fd"))
+        silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(200)]
+        try:
+            start = time.monotonic()
+            assert scrape(port, tls=False, auth=None, timeout=1.0)[0] == 200
+            scraped = time.monotonic() - start
+            # The test's own 200 sockets, none of the server's (they were never handed to it: the
+            # scrape, accepted after them, would have been accepted after them), and perhaps the
+            # server's end of the scrape, still closing.
+            assert len(os.listdir("/proc/self/fd")) - descriptors in (200, 201)
+            assert scraped < 1.0
+        finally:
+            for s in silent:
+                s.close()
+        # Closed unsent, they reach the server as a burst of closed connections, dropped unserved.
+        assert scrape(port, tls=False, auth=None, timeout=1.0)[0] == 200
+        assert sum(server.stats.refused.values()) == 0
+
+
+OUT_OF_DESCRIPTORS = """
+import resource, sys, time
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+from prometheus_client import CollectorRegistry
+from pathprobe.config import WebSettings
+from pathprobe.web import Limits, serve
+server = serve(WebSettings(listen="127.0.0.1:0"), CollectorRegistry(), limits=Limits(connections=1000))
+print(server.server_address[1], flush=True)
+sys.stdin.read()
+"""
+
+
+def test_out_of_descriptors_the_server_pauses_accepting_and_recovers() -> None:
+    # Run apart, under a limit of 64 descriptors, with caps above it: accept() fails with EMFILE
+    # while the listener stays readable. The server must wait, not spin, and serve again once
+    # descriptors are free.
+    proc = subprocess.Popen([sys.executable, "-c", OUT_OF_DESCRIPTORS], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        slow = [slow_from(f"127.0.0.{2 + i % 3}", port) for i in range(100)]
+        try:
+            time.sleep(0.5)  # the server takes what it can and meets EMFILE
+            cpu = _cpu_seconds(proc.pid)
+            time.sleep(2.0)
+            assert _cpu_seconds(proc.pid) - cpu < 0.5  # two seconds out of descriptors, not spent spinning
+        finally:
+            for s in slow:
+                s.close()
+        assert scrape_within(port, 10.0) == 200
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def scrape_within(port: int, seconds: float) -> int:
+    """The first status a plain scrape gets within `seconds` (connection errors retried)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return scrape(port, tls=False, auth=None, timeout=1.0)[0]
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def test_slow_connections_take_no_worker_and_scrapes_answer_at_once() -> None:
     before = threading.active_count()
-    with running(WebSettings(listen="127.0.0.1:0")) as (_, port):
-        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(300)]
+    with running(WebSettings(listen="127.0.0.1:0")) as (server, port):
+        slow = [slow_from(f"127.0.0.{2 + i % 3}", port) for i in range(300)]  # under the cap of each address
         try:
             for _ in range(5):
                 start = time.monotonic()
@@ -308,42 +396,36 @@ def test_idle_connections_take_no_worker_and_scrapes_answer_at_once() -> None:
                 assert time.monotonic() - start < 1.0
             # the server's loop, the renderer and its workers (4): none per connection
             assert threading.active_count() - before <= 6
+            assert sum(server.stats.refused.values()) == 0  # all 300 held
         finally:
-            for s in idle:
+            for s in slow:
                 s.close()
-
-
-def connect_from(source: str, port: int) -> socket.socket:
-    s = socket.socket()
-    s.bind((source, 0))
-    s.connect(("127.0.0.1", port))
-    return s
 
 
 def test_a_source_at_its_cap_displaces_its_oldest_idle_connection_not_the_scrape() -> None:
     with running(WebSettings(listen="127.0.0.1:0"), limits=Limits(per_source=4)) as (server, port):
-        idle = [connect_from("127.0.0.1", port) for _ in range(10)]  # the scraper's own address
+        slow = [slow_from("127.0.0.1", port) for _ in range(10)]  # the scraper's own address
         try:
-            assert all(closed_by_server(s, within=2.0) for s in idle[:6])  # the 6 oldest, displaced
-            assert not closed_by_server(idle[-1], within=0.1)
+            assert all(closed_by_server(s, within=2.0) for s in slow[:6])  # the 6 oldest, displaced
+            assert not closed_by_server(slow[-1], within=0.1)
             assert scrape(port, tls=False, auth=None, timeout=1.0)[0] == 200
             assert refusals(server, "source_limit", at_least=7) == 7  # and one more for the scrape
         finally:
-            for s in idle:
+            for s in slow:
                 s.close()
 
 
 def test_at_the_overall_cap_the_busiest_source_gives_way() -> None:
     with running(WebSettings(listen="127.0.0.1:0"), limits=Limits(connections=8)) as (server, port):
-        idle = [connect_from("127.0.0.2", port) for _ in range(6)] + [connect_from("127.0.0.3", port)]
-        idle += [connect_from("127.0.0.4", port) for _ in range(3)]
+        slow = [slow_from("127.0.0.2", port) for _ in range(6)] + [slow_from("127.0.0.3", port)]
+        slow += [slow_from("127.0.0.4", port) for _ in range(3)]
         try:
-            assert closed_by_server(idle[0], within=2.0) and closed_by_server(idle[1], within=2.0)
-            assert not closed_by_server(idle[6], within=0.1)  # 127.0.0.3's one connection stays
+            assert closed_by_server(slow[0], within=2.0) and closed_by_server(slow[1], within=2.0)
+            assert not closed_by_server(slow[6], within=0.1)  # 127.0.0.3's one connection stays
             assert scrape(port, tls=False, auth=None, timeout=1.0)[0] == 200
             assert refusals(server, "busy", at_least=3) == 3
         finally:
-            for s in idle:
+            for s in slow:
                 s.close()
 
 

@@ -1,6 +1,8 @@
 """A real `pathprobe run` keeps answering authorized scrapes within a second while 320 idle
 connections from 10 loopback addresses (the scraper's own among them) are held open and
-re-opened, as a stranger without the password can: over TLS with basic auth, and plain."""
+re-opened, as a stranger without the password can: over TLS with basic auth, and plain; silent
+(held by the kernel until they send) and slow (handed to the server: a request or a TLS
+handshake begun and never finished)."""
 
 import base64
 import contextlib
@@ -94,12 +96,17 @@ def scrape(port: int, secured: bool, timeout: float) -> tuple[int, bytes]:
         conn.close()
 
 
-class IdleFlood:
-    """PER_SOURCE idle connections from each of SOURCES, all closed and opened again every
-    REOPEN_SECONDS until stopped; every socket closed at the end."""
+# What a slow connection sends before it stalls: a request line with no end of headers, or the
+# header of a TLS handshake record announcing 512 bytes that never come.
+BEGUN = {False: b"GET /metrics HTTP/1.1\r\n", True: b"\x16\x03\x01\x02\x00"}
 
-    def __init__(self, port: int):
-        self.port, self.opened = port, 0
+
+class IdleFlood:
+    """PER_SOURCE idle connections from each of SOURCES, each sending `begun` (perhaps nothing),
+    all closed and opened again every REOPEN_SECONDS until stopped; every socket closed at the end."""
+
+    def __init__(self, port: int, begun: bytes):
+        self.port, self.begun, self.opened = port, begun, 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -112,6 +119,7 @@ class IdleFlood:
                 try:
                     s.bind((source, 0))
                     s.connect(("127.0.0.1", self.port))
+                    s.sendall(self.begun)
                 except OSError:
                     s.close()
                     continue
@@ -141,13 +149,14 @@ def refused(body: bytes, reason: str) -> float:
     return float(line.split()[1])
 
 
+@pytest.mark.parametrize("slow", [False, True], ids=["silent", "slow"])
 @pytest.mark.parametrize("secured", [True, False], ids=["tls_basic_auth", "plain"])
-def test_idle_connections_never_hold_off_an_authorized_scrape(tmp_path: Path, secured: bool) -> None:
+def test_idle_connections_never_hold_off_an_authorized_scrape(tmp_path: Path, secured: bool, slow: bool) -> None:
     if secured and shutil.which("openssl") is None:
         pytest.skip("openssl not installed")
     with exporter(tmp_path, secured) as port:
         slowest, statuses = 0.0, []
-        with IdleFlood(port) as flood:
+        with IdleFlood(port, BEGUN[secured] if slow else b"") as flood:
             time.sleep(0.5)  # the first 320 are open
             end = time.monotonic() + LOAD_SECONDS
             while time.monotonic() < end:

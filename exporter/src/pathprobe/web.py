@@ -16,7 +16,9 @@ Connections are handled as Go's net/http with ReadHeaderTimeout handles them, so
 client, idle, slow or many, can hold an authorized scrape off: the server's own event loop
 (a thread of its own, apart from the exporter's) accepts every connection and runs its TLS
 handshake and reads its request without blocking, each phase under its deadline (`Limits`);
-an idle connection costs a descriptor, never a worker. Only requests read whole go to a small
+a slow connection costs a descriptor, never a worker. A connection that sends nothing costs
+nothing: the kernel holds it until its first byte (TCP_DEFER_ACCEPT, as nginx's `deferred`),
+and one closed before then is dropped as it is accepted. Only requests read whole go to a small
 pool of workers that run the app. Connections are capped per source address and in all; at a
 cap, a new connection displaces the oldest one still reading its request (of its own address
 first), so that a flood displaces itself and the scraper's next connection gets in. Connections
@@ -27,6 +29,7 @@ with the snapshot's trailer.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import gzip
@@ -317,6 +320,9 @@ class Limits:
     request_seconds: float = 5.0  # request line, headers and body, once the handshake is done
     write_seconds: float = 10.0  # the whole response (a 500-peer exposition is 9 MB ungzipped)
     deadline_seconds: float = 60.0  # the whole connection
+    # How long the kernel holds a connection that has sent nothing before it hands it over
+    # anyway (TCP_DEFER_ACCEPT); Linux rounds it up to its SYN-ACK retransmissions (1, 3, 7 s...).
+    defer_accept_seconds: int = 5
     # Open at once from one address: at the cap a new connection takes the place of that
     # address's oldest one still reading its request, so a flood from one address only
     # displaces its own connections, and a scraper sharing it still gets in.
@@ -418,6 +424,14 @@ def answer(app: WsgiApp, environ: dict[str, Any]) -> bytes:
     return _response(started[0], list(started[1]), body, head_only=environ["REQUEST_METHOD"] == "HEAD")
 
 
+MAX_WAITING = 1024  # connections taken from the kernel (10 us each) and not yet given a stream
+START_BATCH = 16  # streams made per turn of the server's loop (`_start_some`)
+# Connections the kernel holds for the server: accepted and not yet taken, and (with
+# TCP_DEFER_ACCEPT) connected but silent. Beyond it, Linux answers with SYN cookies, and such a
+# connection is handed over at once (to the caps and deadlines below). Capped by net.core.somaxconn.
+BACKLOG = 4096
+
+
 def default_connections() -> int:
     """Half the descriptors this process may open, 64 to 4096: the other half for probes and responders."""
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
@@ -450,9 +464,13 @@ class MetricsServer:
         self._by_source: dict[str, list[_Conn]] = {}  # oldest first
         self._tasks: set[asyncio.Task[None]] = set()  # every connection's, closing ones included
         self._open = 0
+        # Accepted, not yet given a stream: by source, and the sources in turn (`_start_some`).
+        self._waiting: dict[str, collections.deque[socket.socket]] = {}
+        self._turns: collections.deque[str] = collections.deque()
+        self._waiting_count = 0
+        self._starting = False
         self._pool = concurrent.futures.ThreadPoolExecutor(limits.workers, thread_name_prefix="metrics-worker")
         self._loop = asyncio.new_event_loop()
-        self._server: asyncio.Server | None = None
         started: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(target=self._run, args=(started,), name="metrics-http", daemon=True)
         self._thread.start()
@@ -460,14 +478,81 @@ class MetricsServer:
 
     def _run(self, started: concurrent.futures.Future[None]) -> None:
         try:
-            self._server = self._loop.run_until_complete(
-                asyncio.start_server(self._connection, sock=self.listener, limit=self.limits.max_head, backlog=1024)
-            )
+            self.listener.setblocking(False)
+            self._loop.add_reader(self.listener, self._accept)
         except BaseException as exc:
             started.set_exception(exc)
             return
         started.set_result(None)
         self._loop.run_forever()
+
+    def _accept(self) -> None:
+        """The listener is readable: takes what the kernel has queued, which is cheap, and drops at
+        once a connection the client closed before it sent a byte (with TCP_DEFER_ACCEPT those
+        are the only ones without a request: a flood of silent connections reaches the server as
+        a burst of them when the flood lets go). The rest wait, by source, for `_start_some`."""
+        while self._waiting_count < MAX_WAITING:  # beyond, they wait in the kernel's queue
+            try:
+                sock, address = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                break
+            except ConnectionAbortedError:
+                continue
+            except OSError as exc:  # out of descriptors: pause a second, as asyncio's own server does, not spin
+                log.warning("metrics: accept failed, pausing for a second: %s", exc)
+                self._loop.remove_reader(self.listener)
+                self._loop.call_later(1.0, self._loop.add_reader, self.listener, self._accept)
+                break
+            sock.setblocking(False)
+            try:
+                closed = sock.recv(1, socket.MSG_PEEK) == b""
+            except BlockingIOError:  # nothing sent yet: a slow client, served under its deadlines
+                closed = False
+            except OSError:  # reset
+                closed = True
+            if closed:
+                sock.close()
+                continue
+            source = str(address[0])
+            if source not in self._waiting:
+                self._turns.append(source)
+            self._waiting.setdefault(source, collections.deque()).append(sock)
+            self._waiting_count += 1
+        if self._turns and not self._starting:
+            self._starting = True
+            self._loop.call_soon(self._start_some)
+
+    def _start_some(self) -> None:
+        """Streams for a few waiting connections, one per source in turn, then back to the loop:
+        making a stream and its task costs about 0.15 ms, so a burst of 1,000 connections from a
+        few sources would hold a scrape from another source for 0.15 s if taken in arrival order;
+        in turns, it waits for one connection of each busy source at most."""
+        for _ in range(START_BATCH):
+            if not self._turns:
+                break
+            source = self._turns.popleft()
+            waiting = self._waiting[source]
+            sock = waiting.popleft()
+            self._waiting_count -= 1
+            if waiting:
+                self._turns.append(source)
+            else:
+                del self._waiting[source]
+            task = self._loop.create_task(self._accepted(sock))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        self._starting = bool(self._turns)
+        if self._starting:
+            self._loop.call_soon(self._start_some)
+
+    async def _accepted(self, sock: socket.socket) -> None:
+        """A stream for `sock`, whose protocol starts `_connection` (as asyncio.start_server's
+        does: a stream with a callback is the server side of a later start_tls)."""
+        protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader(limit=self.limits.max_head), self._connection)
+        try:
+            await self._loop.connect_accepted_socket(lambda: protocol, sock)
+        except OSError:
+            sock.close()
 
     def shutdown(self) -> None:
         """Stops serving: the listener and every connection closed, the loop stopped."""
@@ -487,8 +572,13 @@ class MetricsServer:
         self.listener.close()
 
     async def _stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        self._loop.remove_reader(self.listener)
+        for waiting in self._waiting.values():
+            for sock in waiting:
+                sock.close()
+        self._waiting.clear()
+        self._turns.clear()
+        self._waiting_count = 0
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -618,15 +708,21 @@ def serve(  # noqa: PLR0913 - the settings, the registry, and what the exporter 
     if web_config is None:
         web_config = WebConfigSource(settings.config_file)
     host, port = settings.address()
+    limits = limits or Limits()
     # Bound here, not in the server's thread: a taken port is the caller's OSError.
     listener = socket.create_server(
-        (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=1024, reuse_port=False
+        (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=BACKLOG, reuse_port=False
     )
+    # As nginx's `listen ... deferred`: the kernel holds a connection until its first byte (or
+    # its close) arrives, so a client that connects and sends nothing costs the exporter nothing
+    # for that long (its deadlines run from the hand-over), and a scrape is never accepted
+    # behind a flood of them.
+    listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, limits.defer_accept_seconds)
     stats = Stats(web_config)
     snapshot = Snapshot(registry, stats=stats)
     app = make_app(snapshot, web_config, reload if settings.enable_lifecycle else None, ready)
     try:
-        return MetricsServer(listener, app, stats=stats, web_config=web_config, limits=limits or Limits())
+        return MetricsServer(listener, app, stats=stats, web_config=web_config, limits=limits)
     except BaseException:
         listener.close()
         raise
