@@ -2,13 +2,18 @@
 to 127.0.0.0/8 picks 127.0.0.1, so every other address is a second one, as on a multi-homed
 host): their configs, their processes, and their counters."""
 
+import http.client
+import json
 import os
 import random
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -81,3 +86,49 @@ def exporter(path: Path, log: Path, prefix: tuple[str, ...] = ()) -> Iterator[No
 def count(got: Samples, name: str, **labels: str) -> float:
     """The sum of `name`'s samples whose labels include `labels`."""
     return sum(v for (n, ls), v in got.items() if n == name and labels.items() <= dict(ls).items())
+
+
+def until(what: str, check: Callable[[], Any], seconds: float = 30) -> Any:
+    """Poll `check` until it returns something true, for at most `seconds`."""
+    deadline = time.monotonic() + seconds
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except (OSError, http.client.HTTPException) as exc:  # not up yet, or a connection cut
+            last = exc
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"not within {seconds} s: {what} (last: {last!r})")
+
+
+@contextmanager
+def prometheus(work: Path, scrape_configs: list[dict[str, Any]], rule_files: tuple[Path, ...] = ()) -> Iterator[str]:
+    """A real Prometheus scraping and evaluating every second, its data and log in `work`; yields
+    its URL once ready."""
+    port = unused_port()
+    (work / "prometheus.yml").write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(f) for f in rule_files],
+        "scrape_configs": scrape_configs,
+    }))  # fmt: skip
+    with (work / "prometheus.log").open("w") as log:
+        proc = subprocess.Popen(["prometheus", f"--config.file={work / 'prometheus.yml'}",
+                                 f"--storage.tsdb.path={work / 'prom-data'}",
+                                 f"--web.listen-address=127.0.0.1:{port}"],
+                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        until("Prometheus ready", lambda: urllib.request.urlopen(f"{url}/-/ready", timeout=2).status == 200)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def api(url: str, path: str, **params: str) -> Any:
+    """The `data` of a Prometheus API answer (`path`: e.g. "query", "alerts")."""
+    query = f"?{urllib.parse.urlencode(params)}" if params else ""
+    with urllib.request.urlopen(f"{url}/api/v1/{path}{query}", timeout=5) as resp:
+        return json.load(resp)["data"]

@@ -2,16 +2,20 @@
 schedule gives them, so its peers cut its early tests. Real processes on loopback
 (loopback_mesh.py), three exporters, h0's clock SKEW seconds ahead (more than the turns'
 grace, less than a half slot). The skewed host counts those refusals as `out_of_turn`, not
-`error`; its peers count them too; no host is ever in two tests at once; and every host
-reads each peer's clock offset from the echoes."""
+`error`; its peers count them too; no host is ever in two tests at once; every host reads each
+peer's clock offset from the echoes; and a real Prometheus on the shipped rules fires
+PathprobeClockOffsetHigh for h0 alone."""
 
 import re
 from itertools import combinations
 from pathlib import Path
 
 import pytest
-from loopback_mesh import Samples, config, count, exporter, member, unused_port
+from loopback_mesh import Samples, api, config, count, exporter, member, prometheus, until, unused_port
 from test_reload import wait_for
+
+from pathprobe.monitoring import rules
+from pathprobe.monitoring.params import Params
 
 # A slot of 10 s: each half holds one 1 s test. h0's clock SKEW ahead, its tests arrive 2.5 s
 # before their half: 1.5 s after the test of the half before has ended (an earlier arrival meets
@@ -63,6 +67,22 @@ def test_a_host_whose_clock_is_ahead_is_refused_as_out_of_turn_and_never_overlap
         assert count(peers[1], offset, peer="h0") == pytest.approx(SKEW, abs=0.05)
         assert count(peers[0], offset, peer="h2") == pytest.approx(0, abs=0.01)
         assert count(skewed, offset, peer="h1") == pytest.approx(-SKEW, abs=0.05)
+        # The alert that names the host whose clock is off, evaluated by a real Prometheus on the
+        # shipped rules (only `for:` and the evaluation interval shortened): h0 differs from both
+        # its peers; h1 and h2 agree with each other, so neither is named.
+        rules_file = tmp_path / "rules.yml"
+        rules_file.write_text(rules.dump(Params(clock_offset_for="2s", evaluation_interval="1s")))
+        scrape = {"job_name": "pathprobe", "static_configs": [
+            {"targets": [f"127.0.0.1:{w}"], "labels": {"host": h["name"], "region": h["region"]}}
+            for h, w in zip(hosts, webs, strict=True)]}  # fmt: skip
+        with prometheus(tmp_path, [scrape], (rules_file,)) as url:
+
+            def named() -> list[str]:
+                alerts = api(url, "alerts")["alerts"]
+                firing = [a["labels"] for a in alerts if a["state"] == "firing"]
+                return sorted(labels["host"] for labels in firing if labels["alertname"] == "PathprobeClockOffsetHigh")
+
+            assert until("PathprobeClockOffsetHigh firing", named) == ["h0"]
     assert sum(count(g, requests, responder="iperf3", result="out_of_turn") for g in peers) >= 2
     ran = [s for log, h, skew in zip(logs, hosts, skews, strict=True) for s in spans(log, h["name"], skew)]
     assert ran, "no test ran"

@@ -13,35 +13,17 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
-import urllib.parse
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from certs import bcrypt_hash, mutual_tls
-from loopback_mesh import unused_port
+from loopback_mesh import api, prometheus, until, unused_port
 
 if shutil.which("prometheus") is None or shutil.which("openssl") is None:
     pytest.skip("needs prometheus and openssl", allow_module_level=True)
-
-
-def until(what: str, check: Callable[[], Any], seconds: float = 30) -> Any:
-    """Poll `check` until it returns something true, for at most `seconds`."""
-    deadline = time.monotonic() + seconds
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except (OSError, http.client.HTTPException) as exc:
-            last = exc
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"not within {seconds} s: {what} (last: {last!r})")
 
 
 def web_config(path: Path, certs: dict[str, Path], password: str) -> None:
@@ -105,35 +87,16 @@ def get(info: dict[str, Any], path: str, password: str | None = None) -> tuple[i
 def test_prometheus_scrapes_it_with_the_client_certificate_and_the_password(exporter: dict[str, Any]) -> None:
     d, certs = exporter["dir"], exporter["certs"]
     (d / "password").write_text("s3cret")
-    prom_port = unused_port()
-    (d / "prometheus.yml").write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-        "scrape_configs": [{
-            "job_name": "pathprobe", "scheme": "https",
-            "static_configs": [{"targets": [f"127.0.0.1:{exporter['port']}"]}],
-            "tls_config": {"ca_file": str(certs["ca"]), "cert_file": str(certs["client"]),
-                           "key_file": str(certs["client_key"])},
-            "basic_auth": {"username": "prom", "password_file": str(d / "password")},
-        }],
-    }))  # fmt: skip
-    with (d / "prometheus.log").open("w") as log:
-        prom = subprocess.Popen(["prometheus", f"--config.file={d / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={d / 'prom-data'}",
-                                 f"--web.listen-address=127.0.0.1:{prom_port}"],
-                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-        try:
-            url = f"http://127.0.0.1:{prom_port}"
-            until("Prometheus ready", lambda: urllib.request.urlopen(f"{url}/-/ready", timeout=2).status == 200)
-
-            def up() -> list[dict[str, Any]]:
-                query = urllib.parse.urlencode({"query": 'up{job="pathprobe"} == 1'})
-                with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=5) as resp:
-                    return json.load(resp)["data"]["result"]  # type: ignore[no-any-return]
-
-            assert until("up == 1 in Prometheus", up)[0]["metric"]["instance"] == f"127.0.0.1:{exporter['port']}"
-        finally:
-            prom.terminate()
-            prom.wait(timeout=30)
+    scrape = {
+        "job_name": "pathprobe", "scheme": "https",
+        "static_configs": [{"targets": [f"127.0.0.1:{exporter['port']}"]}],
+        "tls_config": {"ca_file": str(certs["ca"]), "cert_file": str(certs["client"]),
+                       "key_file": str(certs["client_key"])},
+        "basic_auth": {"username": "prom", "password_file": str(d / "password")},
+    }  # fmt: skip
+    with prometheus(d, [scrape]) as url:
+        up = until("up == 1 in Prometheus", lambda: api(url, "query", query='up{job="pathprobe"} == 1')["result"])
+        assert up[0]["metric"]["instance"] == f"127.0.0.1:{exporter['port']}"
 
 
 def test_a_wrong_password_is_401_and_no_client_certificate_no_handshake(exporter: dict[str, Any]) -> None:
