@@ -258,6 +258,84 @@ def test_preflight_refuses_a_host_without_systemd(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:]
 
 
+PYENV = Path.home() / ".pyenv" / "versions"
+EXAMPLE_CONFIG = ROOT / "exporter" / "examples" / "pathprobe.yaml"
+
+
+def pyenv_python(minor: str) -> str:
+    """The pyenv interpreter of Python `minor` (e.g. "3.12"), as this machine has them."""
+    found = sorted(PYENV.glob(f"{minor}.*/bin/python{minor}"))
+    assert found, f"no Python {minor} under {PYENV} (pyenv install {minor})"
+    return str(found[-1])
+
+
+def wheels_play(
+    tmp_path: Path, hosts: dict[str, dict], extra: dict, arm: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """The role's wheel tasks on local hosts (each with its own pathprobe_python); with `arm`, a
+    second play has the controller download an aarch64 wheelhouse for a host that names it."""
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory = {"all": {"hosts": {**{h: {**local, **v} for h, v in hosts.items()}, "arm": local}}}
+    role = {"name": "pathprobe", "tasks_from": "wheels"}
+    play = [
+        {
+            "name": "Wheels",
+            "hosts": ",".join(hosts),
+            "gather_facts": True,
+            "tasks": [{"name": "The role's wheels", "ansible.builtin.include_role": role}],
+        }
+    ]
+    if arm:
+        play.append({"name": "An aarch64 host's wheelhouse", "hosts": "arm", "gather_facts": False, "tasks": [
+            {"name": "A Graviton host with Python 3.11", "ansible.builtin.set_fact": {
+                "pathprobe_wheelhouse": "aarch64-py3.11"}},
+            {"name": "The role's wheelhouses", "ansible.builtin.include_role": {
+                "name": "pathprobe", "tasks_from": "wheelhouses"}}]})  # fmt: skip
+    return local_play(tmp_path, inventory, play,
+                      {"pathprobe_wheel_dir": str(tmp_path / "wheels"), "pathprobe_source_dir": str(ROOT / "exporter"),
+                       **extra})  # fmt: skip
+
+
+def test_each_host_gets_a_wheelhouse_of_its_architecture_and_python_that_installs(tmp_path: Path) -> None:
+    hosts = {f"py{m.replace('.', '')}": {"pathprobe_python": pyenv_python(m)} for m in ("3.11", "3.12", "3.13")}
+    proc = wheels_play(tmp_path, hosts, {}, arm=True)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    wheels = tmp_path / "wheels"
+    assert sorted(p.name for p in wheels.iterdir() if p.is_dir()) == [
+        "aarch64-py3.11", "x86_64-py3.11", "x86_64-py3.12", "x86_64-py3.13"]  # fmt: skip
+    version = role_vars()["pathprobe_version"]
+    for host, v in hosts.items():
+        # What a host does: a virtualenv of its Python, the exporter from its wheelhouse alone.
+        house, venv = wheels / f"x86_64-py{host[2]}.{host[3:]}", tmp_path / f"venv-{host}"
+        run([v["pathprobe_python"], "-m", "venv", str(venv)]).check_returncode()
+        pip = run([str(venv / "bin" / "pip"), "install", "--no-index", "--find-links", str(house),
+                   f"pathprobe=={version}"])  # fmt: skip
+        assert pip.returncode == 0, pip.stdout[-2000:] + pip.stderr[-2000:]
+        # Its compiled dependencies load: a config is parsed (PyYAML's C loader, pydantic-core).
+        checked = run([str(venv / "bin" / "pathprobe"), "check-config", str(EXAMPLE_CONFIG)])
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+    # No aarch64 Python here to install into: pip resolves the wheelhouse for that platform alone.
+    arm = wheels / "aarch64-py3.11"
+    assert {w.name.split("-")[0].lower() for w in arm.glob("*aarch64*.whl")} >= {"bcrypt", "pydantic_core", "pyyaml"}
+    dry = run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--find-links", str(arm),
+               "--only-binary=:all:", "--platform", "manylinux2014_aarch64", "--python-version", "3.11",
+               "--target", str(tmp_path / "arm-target"), f"pathprobe=={version}"])  # fmt: skip
+    assert dry.returncode == 0, dry.stdout[-2000:] + dry.stderr[-2000:]
+
+
+def test_a_host_without_wheels_is_named_before_anything_is_installed(tmp_path: Path) -> None:
+    too_old = wheels_play(tmp_path, {"old": {"pathprobe_python": pyenv_python("3.10")}}, {})
+    assert too_old.returncode != 0
+    assert "old: pathprobe installs on x86_64 and aarch64 with Python 3.11 or later; this host is x86_64 and its" in (
+        " ".join(too_old.stdout.split())), too_old.stdout[-3000:]  # fmt: skip
+    arm_only = wheels_play(tmp_path, {"x86": {"pathprobe_python": pyenv_python("3.11")}},
+                           {"pathprobe_wheel_platforms": {"aarch64": "manylinux2014_aarch64"}})  # fmt: skip
+    assert arm_only.returncode != 0
+    assert "x86: pathprobe installs on aarch64 with Python 3.11 or later; this host is x86_64" in (
+        " ".join(arm_only.stdout.split())), arm_only.stdout[-3000:]  # fmt: skip
+    assert not (tmp_path / "wheels").exists()  # nothing downloaded
+
+
 # --- a real deployment -----------------------------------------------------------------
 TOPOLOGY = topology("""
 hosts:
