@@ -11,9 +11,10 @@ cd "$(dirname "$0")/.."
 # systemd's systemd-analyze checks the unit the role writes.
 # gcc, libnetfilter-queue-dev and libmnl-dev build the lab's delay line (lab/delayline/).
 # faketime runs an exporter with its clock ahead of its peers' in the clock-skew test.
+# qemu-user-static and binfmt-support run an arm64 Debian's programs (the role's Graviton wheels).
 packages=(iperf3 iproute2 nftables iptables iputils-ping procps python3-venv prometheus prometheus-alertmanager
   docker-compose debootstrap systemd-container openssh-client openssl systemd ethtool
-  gcc libc6-dev libnetfilter-queue-dev libmnl-dev faketime)
+  gcc libc6-dev libnetfilter-queue-dev libmnl-dev faketime qemu-user-static binfmt-support)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

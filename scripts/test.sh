@@ -12,8 +12,8 @@ if [ "${1:-}" = "--quick" ]; then
 fi
 bash scripts/setup.sh
 if ! $quick; then
-  # The Ansible test's root filesystem (debootstrap: minutes on a fresh machine) is built meanwhile,
-  # at the lowest CPU and I/O priority; the test waits for it (tests/rootfs.py).
+  # The Ansible tests' root filesystems (debootstrap: minutes on a fresh machine) are built meanwhile,
+  # at the lowest CPU and I/O priority; a test waits for its own (tests/rootfs.py).
   nice -n 19 ionice -c 3 .venv/bin/python tests/rootfs.py > "${TMPDIR:-/tmp}/pathprobe-rootfs-build.log" 2>&1 &
 fi
 .venv/bin/ruff check exporter lab tests bench dashboards

@@ -1,16 +1,20 @@
-"""The Debian 12 root filesystem the Ansible deployment test boots its lab hosts from
-(debootstrap: minutes on a fresh machine). Made once and kept between runs; scripts/test.sh
-starts building it in the background (at the lowest CPU and I/O priority) while the checks
-and unit tests run, and the test waits for it under the same lock.
+"""The root filesystems the Ansible tests run hosts from (debootstrap: minutes on a fresh
+machine): the Debian 12 one the deployment test boots its lab hosts from, and two hosts of
+another kind, Debian 13 (Python 3.13) and an arm64 Debian 12 (a Graviton's architecture, run
+by qemu-user through binfmt_misc). Made once and kept between runs; scripts/test.sh starts
+building them in the background (at the lowest CPU and I/O priority) while the checks and unit
+tests run, and a test waits for its own under the same lock.
 
 Run: python tests/rootfs.py   (as root)"""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOTFS = Path("/var/tmp/pathprobe-rootfs")
@@ -20,24 +24,16 @@ MIRROR = "http://deb.debian.org/debian"
 ROOTFS_PACKAGES = ["python3", "python3-venv", "python3-packaging", "python3-apt", "systemd", "systemd-sysv", "dbus",
                    "openssh-server", "iperf3", "ethtool", "nftables", "iproute2", "procps"]  # fmt: skip
 APT_LISTS_MAX_AGE = 12 * 3600  # the role's apt cache_valid_time is a day
+# Hosts the wheel test runs as chroots: a Python for the exporter's virtualenv, and iperf3, which
+# the exporter's config check and its server need.
+OTHER_HOSTS = {"trixie-amd64": ("trixie", "amd64"), "bookworm-arm64": ("bookworm", "arm64")}
+OTHER_PACKAGES = ["python3", "python3-venv", "iperf3"]
 
 
 def base_rootfs() -> Path:
-    """The base root filesystem, built if missing or made for other packages; its apt lists
-    refreshed when half a day old. One builder at a time (a lock beside it)."""
-    ROOTFS.mkdir(parents=True, exist_ok=True)
-    with (ROOTFS / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        base = ROOTFS / "base"
-        stamp = base / ".pathprobe-packages"
-        if not stamp.exists() or stamp.read_text() != " ".join(ROOTFS_PACKAGES):
-            shutil.rmtree(base, ignore_errors=True)
-            base.mkdir(parents=True)
-            cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(ROOTFS_PACKAGES)}", "bookworm",
-                   str(base), MIRROR]  # fmt: skip
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
-            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-            stamp.write_text(" ".join(ROOTFS_PACKAGES))
+    """The deployment test's root filesystem, its apt lists refreshed when half a day old."""
+    with _locked():
+        base = _built("base", "bookworm", "amd64", ROOTFS_PACKAGES)
         lists = base / "var" / "lib" / "apt" / "lists"
         if time.time() - lists.stat().st_mtime > APT_LISTS_MAX_AGE or not list(lists.glob("*_Packages")):
             proc = subprocess.run(["chroot", str(base), "apt-get", "update", "-q"], capture_output=True, text=True,
@@ -46,5 +42,50 @@ def base_rootfs() -> Path:
         return base
 
 
+def other_rootfs(name: str) -> Path:
+    """One of OTHER_HOSTS' root filesystems."""
+    suite, arch = OTHER_HOSTS[name]
+    with _locked():
+        if arch == "arm64":
+            enable_qemu_aarch64()
+        return _built(name, suite, arch, OTHER_PACKAGES)
+
+
+def enable_qemu_aarch64() -> None:
+    """arm64 programs run by qemu-user-static (its binfmt_misc entry, with the flag that keeps
+    the interpreter open: a chroot needs no copy of it)."""
+    binfmt = Path("/proc/sys/fs/binfmt_misc")
+    if not (binfmt / "status").exists():
+        subprocess.run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(binfmt)], check=True)
+    if not (binfmt / "qemu-aarch64").exists():
+        subprocess.run(["update-binfmts", "--enable", "qemu-aarch64"], check=True)
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """One builder at a time (a lock beside the root filesystems)."""
+    ROOTFS.mkdir(parents=True, exist_ok=True)
+    with (ROOTFS / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _built(name: str, suite: str, arch: str, packages: list[str]) -> Path:
+    """ROOTFS/name, built again if missing or made for other packages."""
+    root = ROOTFS / name
+    stamp = root / ".pathprobe-packages"
+    if not stamp.exists() or stamp.read_text() != " ".join(packages):
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        cmd = ["debootstrap", f"--arch={arch}", "--variant=minbase", f"--include={','.join(packages)}", suite,
+               str(root), MIRROR]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        stamp.write_text(" ".join(packages))
+    return root
+
+
 if __name__ == "__main__":
     print(base_rootfs())
+    for other in OTHER_HOSTS:
+        print(other_rootfs(other))

@@ -24,6 +24,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import topology, wait_for
 from pathprobe import config, procs, promql
@@ -31,7 +32,7 @@ from pathprobe.exporter import RESTART_ONLY
 from pathprobe_lab import demo, net
 from pathprobe_lab.state import ns, spawn
 from pathprobe_lab.topology import address
-from rootfs import ROOTFS, base_rootfs
+from rootfs import ROOTFS, base_rootfs, other_rootfs
 
 ROOT = Path(__file__).parents[1]
 ANSIBLE = ROOT / "ansible"
@@ -259,6 +260,7 @@ def test_preflight_refuses_a_host_without_systemd(tmp_path: Path) -> None:
 
 
 PYENV = Path.home() / ".pyenv" / "versions"
+WHEELS_TASKS = {"name": "pathprobe", "tasks_from": "wheels"}
 EXAMPLE_CONFIG = ROOT / "exporter" / "examples" / "pathprobe.yaml"
 
 
@@ -334,6 +336,94 @@ def test_a_host_without_wheels_is_named_before_anything_is_installed(tmp_path: P
     assert "x86: pathprobe installs on aarch64 with Python 3.11 or later; this host is x86_64" in (
         " ".join(arm_only.stdout.split())), arm_only.stdout[-3000:]  # fmt: skip
     assert not (tmp_path / "wheels").exists()  # nothing downloaded
+
+
+# The hosts the deployment's Debian 12 ones are not, as chroots: the role picks each one's
+# wheelhouse from its own facts (Ansible's chroot connection), the exporter installs from it alone
+# and checks a config there (its compiled dependencies loaded), and runs there. On the arm64 one
+# every program runs under qemu-user, whose Linux (7.2, Debian 12) refuses the socket options the
+# responders' kernel timestamps need (SO_TIMESTAMPNS: "Protocol not available"), which a
+# Graviton's kernel has: that host checks its config but does not run.
+OTHER_HOSTS = {
+    "trixie": ("trixie-amd64", "x86_64-py3.13", True),
+    "graviton": ("bookworm-arm64", "aarch64-py3.11", False),
+}
+
+
+CHROOT_WEB, CHROOT_RR, CHROOT_ECHO, CHROOT_IPERF3 = 29101, 29102, 29103, 29104  # one exporter at a time
+CHROOT_URL = f"http://127.0.0.1:{CHROOT_WEB}"
+CHROOT_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}  # the host's, not this machine's
+CHROOT_CONFIG = yaml.safe_dump({
+    "host": {"name": "a", "address": "127.0.0.1", "region": "r1"},
+    "peers": [{"name": "b", "address": "127.0.0.2", "region": "r2", "path_class": "inter_region"}],
+    "responders": {"listen": "127.0.0.1", "rr_port": CHROOT_RR, "echo_port": CHROOT_ECHO},
+    "iperf3": {"port": CHROOT_IPERF3},
+    "web": {"listen": f"127.0.0.1:{CHROOT_WEB}"},
+    "budget": {"state_file": "/var/tmp/pathprobe-budget.json"},
+})  # fmt: skip
+
+
+@pytest.mark.lab
+def test_a_debian_13_host_and_a_graviton_host_install_their_wheelhouses_and_run(tmp_path: Path) -> None:
+    roots = {}
+    for host, (rootfs, _, _) in OTHER_HOSTS.items():
+        roots[host] = ROOTFS / f"wheels-{host}"
+        shutil.rmtree(roots[host], ignore_errors=True)
+        run(["cp", "-a", str(other_rootfs(rootfs)), str(roots[host])]).check_returncode()
+    try:
+        inventory = {"all": {"hosts": {h: {"ansible_connection": "community.general.chroot", "ansible_host": str(r),
+                                           "ansible_python_interpreter": "/usr/bin/python3"}
+                                       for h, r in roots.items()}}}  # fmt: skip
+        play = [{"name": "Wheels", "hosts": "all", "gather_facts": True,
+                 "tasks": [{"name": "The role's wheels", "ansible.builtin.include_role": WHEELS_TASKS}]}]  # fmt: skip
+        proc = local_play(tmp_path, inventory, play, {"pathprobe_wheel_dir": str(tmp_path / "wheels"),
+                                                      "pathprobe_source_dir": str(ROOT / "exporter")})  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        version = role_vars()["pathprobe_version"]
+        for host, (_, wheelhouse, runs) in OTHER_HOSTS.items():
+            root = roots[host]
+            shutil.copytree(tmp_path / "wheels" / wheelhouse, root / "opt" / "pathprobe" / "wheels")
+            inside = ["chroot", str(root)]
+            run([*inside, "python3", "-m", "venv", "/opt/pathprobe/venv"], env=CHROOT_ENV).check_returncode()
+            pip = run([*inside, "/opt/pathprobe/venv/bin/pip", "install", "--no-index", "--find-links",
+                       "/opt/pathprobe/wheels", f"pathprobe=={version}"], env=CHROOT_ENV)  # fmt: skip
+            assert pip.returncode == 0, pip.stdout[-2000:] + pip.stderr[-2000:]
+            (root / "etc" / "pathprobe.yaml").write_text(CHROOT_CONFIG)
+            checked = run([*inside, "/opt/pathprobe/venv/bin/pathprobe", "check-config", "/etc/pathprobe.yaml"],
+                          env=CHROOT_ENV)  # fmt: skip
+            assert checked.returncode == 0, checked.stdout + checked.stderr
+            machine = run([*inside, "uname", "-m"]).stdout.strip()
+            assert machine == wheelhouse.split("-py")[0]
+            if not runs:
+                continue
+            # A short run: ready once its responders listen and its iperf3 server runs.
+            with (tmp_path / f"{host}.log").open("w") as log:
+                exporter = subprocess.Popen([*inside, "/opt/pathprobe/venv/bin/pathprobe", "run", "--config",
+                                             "/etc/pathprobe.yaml"], stdout=log, stderr=subprocess.STDOUT,
+                                            env=CHROOT_ENV)  # fmt: skip
+            try:
+                ready = wait_for(f"{host}'s exporter ready", lambda: http_status(f"{CHROOT_URL}/-/ready"), timeout=120)
+                assert ready == 200
+                with urllib.request.urlopen(f"{CHROOT_URL}/metrics", timeout=10) as resp:
+                    families = text_string_to_metric_families(resp.read().decode())
+                build = next(f for f in families if f.name == "pathprobe_build_info").samples[0].labels
+                assert f"{machine}-py{build['python_version'][:4]}" == wheelhouse
+            finally:
+                exporter.terminate()
+                exporter.wait(timeout=30)
+    finally:
+        for root in roots.values():
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def http_status(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as err:
+        return None if err.code == 503 else int(err.code)
+    except OSError:
+        return None
 
 
 # --- a real deployment -----------------------------------------------------------------
