@@ -325,7 +325,7 @@ def test_each_host_gets_a_wheelhouse_of_its_architecture_and_python_that_install
     assert dry.returncode == 0, dry.stdout[-2000:] + dry.stderr[-2000:]
 
 
-def test_a_host_without_wheels_is_named_before_anything_is_installed(tmp_path: Path) -> None:
+def test_a_host_without_wheels_is_named_before_any_wheel_is_downloaded(tmp_path: Path) -> None:
     too_old = wheels_play(tmp_path, {"old": {"pathprobe_python": pyenv_python("3.10")}}, {})
     assert too_old.returncode != 0
     assert "old: pathprobe installs on x86_64 and aarch64 with Python 3.11 or later; this host is x86_64 and its" in (
