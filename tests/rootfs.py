@@ -1,9 +1,9 @@
 """The root filesystems the Ansible tests run hosts from (debootstrap: minutes on a fresh
-machine): the Debian 12 one the deployment test boots its lab hosts from, and two hosts of
-another kind, Debian 13 (Python 3.13) and an arm64 Debian 12 (a Graviton's architecture, run
-by qemu-user through binfmt_misc). Made once and kept between runs; scripts/test.sh starts
-building them in the background (at the lowest CPU and I/O priority) while the checks and unit
-tests run, and a test waits for its own under the same lock.
+machine): Debian 12 and Debian 13 (Python 3.13) ones that the deployment test boots its lab
+hosts from, and an arm64 Debian 12 (a Graviton's architecture, run by qemu-user through
+binfmt_misc) that the wheel test runs as a chroot. Made once and kept between runs;
+scripts/test.sh starts building them in the background (at the lowest CPU and I/O priority)
+while the checks and unit tests run, and a test waits for its own under the same lock.
 
 Run: python tests/rootfs.py   (as root)"""
 
@@ -19,36 +19,35 @@ from pathlib import Path
 
 ROOTFS = Path("/var/tmp/pathprobe-rootfs")
 MIRROR = "http://deb.debian.org/debian"
-# What the hosts need to boot systemd, take SSH, and what the role installs (the lab's hosts
-# have no route to a mirror).
-ROOTFS_PACKAGES = ["python3", "python3-venv", "python3-packaging", "python3-apt", "systemd", "systemd-sysv", "dbus",
+# A booted host: what it needs to boot systemd and take SSH, and what the role installs (the
+# lab's hosts have no route to a mirror).
+BOOTED_PACKAGES = ["python3", "python3-venv", "python3-packaging", "python3-apt", "systemd", "systemd-sysv", "dbus",
                    "openssh-server", "iperf3", "ethtool", "nftables", "iproute2", "procps"]  # fmt: skip
+# A chroot: a Python for the exporter's virtualenv, and iperf3, which the exporter's config check needs.
+CHROOT_PACKAGES = ["python3", "python3-venv", "iperf3"]
+# name: (suite, architecture, packages)
+ROOTS = {
+    "base": ("bookworm", "amd64", BOOTED_PACKAGES),
+    "trixie-amd64": ("trixie", "amd64", BOOTED_PACKAGES),
+    "bookworm-arm64": ("bookworm", "arm64", CHROOT_PACKAGES),
+}
 APT_LISTS_MAX_AGE = 12 * 3600  # the role's apt cache_valid_time is a day
-# Hosts the wheel test runs as chroots: a Python for the exporter's virtualenv, and iperf3, which
-# the exporter's config check and its server need.
-OTHER_HOSTS = {"trixie-amd64": ("trixie", "amd64"), "bookworm-arm64": ("bookworm", "arm64")}
-OTHER_PACKAGES = ["python3", "python3-venv", "iperf3"]
 
 
-def base_rootfs() -> Path:
-    """The deployment test's root filesystem, its apt lists refreshed when half a day old."""
-    with _locked():
-        base = _built("base", "bookworm", "amd64", ROOTFS_PACKAGES)
-        lists = base / "var" / "lib" / "apt" / "lists"
-        if time.time() - lists.stat().st_mtime > APT_LISTS_MAX_AGE or not list(lists.glob("*_Packages")):
-            proc = subprocess.run(["chroot", str(base), "apt-get", "update", "-q"], capture_output=True, text=True,
-                                  timeout=300, check=False)  # fmt: skip
-            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-        return base
-
-
-def other_rootfs(name: str) -> Path:
-    """One of OTHER_HOSTS' root filesystems."""
-    suite, arch = OTHER_HOSTS[name]
+def rootfs(name: str) -> Path:
+    """ROOTS[name], built if missing; a booted host's apt lists refreshed when half a day old."""
+    suite, arch, packages = ROOTS[name]
     with _locked():
         if arch == "arm64":
             enable_qemu_aarch64()
-        return _built(name, suite, arch, OTHER_PACKAGES)
+        root = _built(name, suite, arch, packages)
+        lists = root / "var" / "lib" / "apt" / "lists"
+        stale = time.time() - lists.stat().st_mtime > APT_LISTS_MAX_AGE or not list(lists.glob("*_Packages"))
+        if packages == BOOTED_PACKAGES and stale:
+            proc = subprocess.run(["chroot", str(root), "apt-get", "update", "-q"], capture_output=True, text=True,
+                                  timeout=300, check=False)  # fmt: skip
+            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        return root
 
 
 def enable_qemu_aarch64() -> None:
@@ -57,7 +56,8 @@ def enable_qemu_aarch64() -> None:
     binfmt = Path("/proc/sys/fs/binfmt_misc")
     if not (binfmt / "status").exists():
         subprocess.run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(binfmt)], check=True)
-    if not (binfmt / "qemu-aarch64").exists():
+    entry = binfmt / "qemu-aarch64"
+    if not entry.exists() or not entry.read_text().startswith("enabled"):
         subprocess.run(["update-binfmts", "--enable", "qemu-aarch64"], check=True)
 
 
@@ -86,6 +86,5 @@ def _built(name: str, suite: str, arch: str, packages: list[str]) -> Path:
 
 
 if __name__ == "__main__":
-    print(base_rootfs())
-    for other in OTHER_HOSTS:
-        print(other_rootfs(other))
+    for name in ROOTS:
+        print(rootfs(name))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import re
 import secrets
@@ -20,11 +21,11 @@ import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import bcrypt
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import topology, wait_for
 from pathprobe import config, procs, promql
@@ -32,7 +33,7 @@ from pathprobe.exporter import RESTART_ONLY
 from pathprobe_lab import demo, net
 from pathprobe_lab.state import ns, spawn
 from pathprobe_lab.topology import address
-from rootfs import ROOTFS, base_rootfs, other_rootfs
+from rootfs import ROOTFS, rootfs
 
 ROOT = Path(__file__).parents[1]
 ANSIBLE = ROOT / "ansible"
@@ -299,9 +300,17 @@ def wheels_play(
 
 
 def test_each_host_gets_a_wheelhouse_of_its_architecture_and_python_that_installs(tmp_path: Path) -> None:
-    hosts = {f"py{m.replace('.', '')}": {"pathprobe_python": pyenv_python(m)} for m in ("3.11", "3.12", "3.13")}
+    hosts = {f"py{m.replace('.', '')}": {"pathprobe_python": pyenv_python(m), "pathprobe_install_dir": str(
+        tmp_path / f"opt-py{m}")} for m in ("3.11", "3.12", "3.13")}  # fmt: skip
+    # py312's virtualenv was made with Python 3.11 (a distribution upgraded under it): made again.
+    # py313's was made with its own Python: kept.
+    for host, made_with in (("py312", "3.11"), ("py313", "3.13")):
+        venv = Path(hosts[host]["pathprobe_install_dir"]) / "venv"
+        run([pyenv_python(made_with), "-m", "venv", "--without-pip", str(venv)]).check_returncode()
     proc = wheels_play(tmp_path, hosts, {}, arm=True)
     assert proc.returncode == 0, proc.stdout[-3000:]
+    assert not (tmp_path / "opt-py3.12" / "venv").exists()
+    assert (tmp_path / "opt-py3.13" / "venv" / "pyvenv.cfg").exists()
     wheels = tmp_path / "wheels"
     assert sorted(p.name for p in wheels.iterdir() if p.is_dir()) == [
         "aarch64-py3.11", "x86_64-py3.11", "x86_64-py3.12", "x86_64-py3.13"]  # fmt: skip
@@ -338,92 +347,90 @@ def test_a_host_without_wheels_is_named_before_any_wheel_is_downloaded(tmp_path:
     assert not (tmp_path / "wheels").exists()  # nothing downloaded
 
 
-# The hosts the deployment's Debian 12 ones are not, as chroots: the role picks each one's
-# wheelhouse from its own facts (Ansible's chroot connection), the exporter installs from it alone
-# and checks a config there (its compiled dependencies loaded), and runs there. On the arm64 one
-# every program runs under qemu-user, whose Linux (7.2, Debian 12) refuses the socket options the
-# responders' kernel timestamps need (SO_TIMESTAMPNS: "Protocol not available"), which a
-# Graviton's kernel has: that host checks its config but does not run.
-OTHER_HOSTS = {
-    "trixie": ("trixie-amd64", "x86_64-py3.13", True),
-    "graviton": ("bookworm-arm64", "aarch64-py3.11", False),
-}
+@pytest.mark.parametrize(("hosts", "legacy", "refused"), [
+    ({"old": "3.12", "new": "3.18"}, False, "new runs iperf3 3.18. Of this play's hosts, old run iperf3 older than "
+                                            "3.17, which has only the old padding of iperf3's credentials, and new"),
+    ({"old": "3.12", "new": "3.18"}, True, None),
+    ({"old": "3.12", "new": "3.18", "newest": "3.20"}, True, "newest run iperf3 3.20 or later, whose client has the "
+                                                             "new padding only"),
+    ({"new": "3.18", "newest": "3.20"}, False, None),
+])  # fmt: skip
+def test_hosts_whose_iperf3_cannot_authenticate_each_other_are_named(
+    tmp_path: Path, hosts: dict[str, str], legacy: bool, refused: str | None
+) -> None:
+    # 3.12: this machine's (Debian 12's) iperf3. Newer ones: what their --version and --help print
+    # (the lines the role reads; Debian 13's 3.18 runs for real in the deployment test below).
+    paths = {}
+    for host, version in hosts.items():
+        paths[host] = "/usr/sbin:/usr/bin:/sbin:/bin"
+        if version != "3.12":
+            stub = tmp_path / version / "iperf3"
+            stub.parent.mkdir(exist_ok=True)
+            stub.write_text(
+                f"#!/bin/sh\ncase \"$1\" in --version) echo 'iperf {version} (cJSON 1.7.15)';;\n"
+                "--help) echo '  --use-pkcs1-padding       use pkcs1 padding at your own risk';; esac\n"
+            )
+            stub.chmod(0o755)
+            paths[host] = f"{stub.parent}:{paths[host]}"
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory = {"all": {"hosts": {h: {**local, "iperf3_path": p} for h, p in paths.items()}}}
+    check = {
+        "name": "The role's check",
+        "ansible.builtin.include_role": {"name": "pathprobe", "tasks_from": "iperf3_padding"},
+    }
+    play = [{"name": "iperf3 padding", "hosts": "all", "gather_facts": False,
+             "environment": {"PATH": "{{ iperf3_path }}"}, "tasks": [check]}]  # fmt: skip
+    proc = local_play(tmp_path, inventory, play, {"pathprobe_iperf3_legacy_rsa_padding": legacy})
+    if refused is None:
+        assert proc.returncode == 0, proc.stdout[-3000:]
+    else:
+        assert proc.returncode != 0
+        assert refused in " ".join(proc.stdout.split()), proc.stdout[-3000:]
 
 
-CHROOT_WEB, CHROOT_RR, CHROOT_ECHO, CHROOT_IPERF3 = 29101, 29102, 29103, 29104  # one exporter at a time
-CHROOT_URL = f"http://127.0.0.1:{CHROOT_WEB}"
+# A Graviton host, as a chroot: the role picks its wheelhouse from its own facts (Ansible's
+# chroot connection) and the exporter installs from it alone and checks a config there (its
+# compiled dependencies loaded). Every program there runs under qemu-user, whose Linux (7.2,
+# Debian 12) refuses the socket options the responders' kernel timestamps need (SO_TIMESTAMPNS:
+# "Protocol not available"), which a Graviton's kernel has: the exporter checks its config there
+# but does not run. (The Debian 13 host boots in the deployment test below.)
+GRAVITON_ROOTFS, GRAVITON_WHEELHOUSE = "bookworm-arm64", "aarch64-py3.11"
 CHROOT_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}  # the host's, not this machine's
 CHROOT_CONFIG = yaml.safe_dump({
     "host": {"name": "a", "address": "127.0.0.1", "region": "r1"},
     "peers": [{"name": "b", "address": "127.0.0.2", "region": "r2", "path_class": "inter_region"}],
-    "responders": {"listen": "127.0.0.1", "rr_port": CHROOT_RR, "echo_port": CHROOT_ECHO},
-    "iperf3": {"port": CHROOT_IPERF3},
-    "web": {"listen": f"127.0.0.1:{CHROOT_WEB}"},
-    "budget": {"state_file": "/var/tmp/pathprobe-budget.json"},
 })  # fmt: skip
 
 
 @pytest.mark.lab
-def test_a_debian_13_host_and_a_graviton_host_install_their_wheelhouses_and_run(tmp_path: Path) -> None:
-    roots = {}
-    for host, (rootfs, _, _) in OTHER_HOSTS.items():
-        roots[host] = ROOTFS / f"wheels-{host}"
-        shutil.rmtree(roots[host], ignore_errors=True)
-        run(["cp", "-a", str(other_rootfs(rootfs)), str(roots[host])]).check_returncode()
+def test_a_graviton_host_installs_its_wheelhouse_and_checks_a_config(tmp_path: Path) -> None:
+    root = ROOTFS / "wheels-graviton"
+    shutil.rmtree(root, ignore_errors=True)
+    run(["cp", "-a", str(rootfs(GRAVITON_ROOTFS)), str(root)]).check_returncode()
     try:
-        inventory = {"all": {"hosts": {h: {"ansible_connection": "community.general.chroot", "ansible_host": str(r),
-                                           "ansible_python_interpreter": "/usr/bin/python3"}
-                                       for h, r in roots.items()}}}  # fmt: skip
+        inventory = {"all": {"hosts": {"graviton": {"ansible_connection": "community.general.chroot",
+                                                    "ansible_host": str(root),
+                                                    "ansible_python_interpreter": "/usr/bin/python3"}}}}  # fmt: skip
         play = [{"name": "Wheels", "hosts": "all", "gather_facts": True,
                  "tasks": [{"name": "The role's wheels", "ansible.builtin.include_role": WHEELS_TASKS}]}]  # fmt: skip
         proc = local_play(tmp_path, inventory, play, {"pathprobe_wheel_dir": str(tmp_path / "wheels"),
                                                       "pathprobe_source_dir": str(ROOT / "exporter")})  # fmt: skip
         assert proc.returncode == 0, proc.stdout[-3000:]
+        assert sorted(p.name for p in (tmp_path / "wheels").iterdir() if p.is_dir()) == [GRAVITON_WHEELHOUSE]
+        shutil.copytree(tmp_path / "wheels" / GRAVITON_WHEELHOUSE, root / "opt" / "pathprobe" / "wheels")
+        inside = ["chroot", str(root)]
+        assert run([*inside, "uname", "-m"]).stdout.strip() == "aarch64"
+        run([*inside, "python3", "-m", "venv", "/opt/pathprobe/venv"], env=CHROOT_ENV).check_returncode()
         version = role_vars()["pathprobe_version"]
-        for host, (_, wheelhouse, runs) in OTHER_HOSTS.items():
-            root = roots[host]
-            shutil.copytree(tmp_path / "wheels" / wheelhouse, root / "opt" / "pathprobe" / "wheels")
-            inside = ["chroot", str(root)]
-            run([*inside, "python3", "-m", "venv", "/opt/pathprobe/venv"], env=CHROOT_ENV).check_returncode()
-            pip = run([*inside, "/opt/pathprobe/venv/bin/pip", "install", "--no-index", "--find-links",
-                       "/opt/pathprobe/wheels", f"pathprobe=={version}"], env=CHROOT_ENV)  # fmt: skip
-            assert pip.returncode == 0, pip.stdout[-2000:] + pip.stderr[-2000:]
-            (root / "etc" / "pathprobe.yaml").write_text(CHROOT_CONFIG)
-            checked = run([*inside, "/opt/pathprobe/venv/bin/pathprobe", "check-config", "/etc/pathprobe.yaml"],
-                          env=CHROOT_ENV)  # fmt: skip
-            assert checked.returncode == 0, checked.stdout + checked.stderr
-            machine = run([*inside, "uname", "-m"]).stdout.strip()
-            assert machine == wheelhouse.split("-py")[0]
-            if not runs:
-                continue
-            # A short run: ready once its responders listen and its iperf3 server runs.
-            with (tmp_path / f"{host}.log").open("w") as log:
-                exporter = subprocess.Popen([*inside, "/opt/pathprobe/venv/bin/pathprobe", "run", "--config",
-                                             "/etc/pathprobe.yaml"], stdout=log, stderr=subprocess.STDOUT,
-                                            env=CHROOT_ENV)  # fmt: skip
-            try:
-                ready = wait_for(f"{host}'s exporter ready", lambda: http_status(f"{CHROOT_URL}/-/ready"), timeout=120)
-                assert ready == 200
-                with urllib.request.urlopen(f"{CHROOT_URL}/metrics", timeout=10) as resp:
-                    families = text_string_to_metric_families(resp.read().decode())
-                build = next(f for f in families if f.name == "pathprobe_build_info").samples[0].labels
-                assert f"{machine}-py{build['python_version'][:4]}" == wheelhouse
-            finally:
-                exporter.terminate()
-                exporter.wait(timeout=30)
+        pip = run([*inside, "/opt/pathprobe/venv/bin/pip", "install", "--no-index", "--find-links",
+                   "/opt/pathprobe/wheels", f"pathprobe=={version}"], env=CHROOT_ENV)  # fmt: skip
+        assert pip.returncode == 0, pip.stdout[-2000:] + pip.stderr[-2000:]
+        (root / "etc" / "pathprobe.yaml").write_text(CHROOT_CONFIG)
+        checked = run([*inside, "/opt/pathprobe/venv/bin/pathprobe", "check-config", "/etc/pathprobe.yaml"],
+                      env=CHROOT_ENV)  # fmt: skip
+        assert checked.returncode == 0, checked.stdout + checked.stderr
     finally:
-        for root in roots.values():
-            shutil.rmtree(root, ignore_errors=True)
-
-
-def http_status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as err:
-        return None if err.code == 503 else int(err.code)
-    except OSError:
-        return None
+        shutil.rmtree(root, ignore_errors=True)
 
 
 # --- a real deployment -----------------------------------------------------------------
@@ -439,8 +446,11 @@ paths:
 """)
 
 
-# A cloud image's Debian 12: systemd, dbus and sshd, Python, and the packages the role installs
-# (the lab's hosts have no route to a mirror: the role's apt task finds them installed).
+# Cloud images' Debian 12 and, for Singapore, Debian 13 (Python 3.13, iperf3 3.18 beside the
+# others' 3.12): systemd, dbus and sshd, Python, and the packages the role installs (the lab's
+# hosts have no route to a mirror: the role's apt task finds them installed).
+ROOTFS_OF = {"dep-tokyo": "base", "dep-osaka": "base", "dep-singapore": "trixie-amd64"}
+PYTHON_OF = {"base": "3.11", "trixie-amd64": "3.13"}
 SSH_OPTIONS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
                "-o", "ConnectTimeout=5"]  # fmt: skip
 
@@ -474,19 +484,35 @@ def ssh_ready(address: str) -> bool:
     return False
 
 
-def web_credentials(work: Path, addresses: list[str]) -> dict[str, str]:
-    """/metrics over TLS with basic auth: a certificate for the hosts' addresses and a password,
-    as a fleet keeps them in Vault (both plays read them)."""
+def web_credentials(work: Path, addresses: list[str]) -> dict[str, Any]:
+    """/metrics over mutual TLS with basic auth: a certificate for the hosts' addresses, a CA that
+    signs the scrapers' client certificates and one such certificate (Prometheus's), and a
+    password, as a fleet keeps them in Vault (both plays read them)."""
     cert, key = work / "web-cert.pem", work / "web-key.pem"
     sans = ",".join(f"IP:{a}" for a in addresses)
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=pathprobe",
-                    "-addext", f"subjectAltName={sans}", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)  # fmt: skip
+    openssl = functools.partial(subprocess.run, check=True, capture_output=True, timeout=60)
+    openssl(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=pathprobe",
+             "-addext", f"subjectAltName={sans}", "-keyout", str(key), "-out", str(cert)])  # fmt: skip
+    ca, ca_key, client, client_key = (work / f"{n}.pem" for n in ("client-ca", "client-ca-key", "client", "client-key"))
+    openssl(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-days", "1", "-subj", "/CN=scrapers", "-keyout", str(ca_key), "-out", str(ca)])  # fmt: skip
+    openssl(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-days", "1", "-subj", "/CN=prometheus", "-CA", str(ca), "-CAkey", str(ca_key),
+             "-addext", "extendedKeyUsage=clientAuth", "-keyout", str(client_key), "-out", str(client)])  # fmt: skip
     return {"pathprobe_web_tls_cert": cert.read_text(), "pathprobe_web_tls_key": key.read_text(),
+            "pathprobe_web_tls_client_ca": ca.read_text(),
             "pathprobe_web_config_basic_auth_users": {"prometheus": secrets.token_urlsafe(16)}}  # fmt: skip
 
 
-def inventory(work: Path, hosts: dict[str, dict], probes: dict, web: dict[str, str], extra: dict) -> Path:
+def scraper_tls(work: Path, client_certificate: bool = True) -> ssl.SSLContext:
+    """What a scraper of the deployed hosts holds: their certificate as its CA, and its own."""
+    tls = ssl.create_default_context(cafile=str(work / "web-cert.pem"))
+    if client_certificate:
+        tls.load_cert_chain(work / "client.pem", work / "client-key.pem")
+    return tls
+
+
+def inventory(work: Path, hosts: dict[str, dict], probes: dict, web: dict[str, Any], extra: dict) -> Path:
     out = work / "hosts.yml"
     out.write_text(yaml.safe_dump({"all": {"vars": web, "children": {
         "pathprobe": {"hosts": hosts, "vars": {
@@ -514,14 +540,14 @@ PROBES = {"throughput": {"streams": [1], "duration_seconds": 2, "omit_seconds": 
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     work = tmp_path_factory.mktemp("ansible")
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(work / "id_ed25519")], check=True)
-    base = base_rootfs()
+    bases = {name: rootfs(name) for name in set(ROOTFS_OF.values())}
     net.up(TOPOLOGY)
     roots, machines, addresses = {}, {}, {}
     try:
         for i, h in enumerate(TOPOLOGY.hosts, start=1):
             root = ROOTFS / h.name
             shutil.rmtree(root, ignore_errors=True)
-            subprocess.run(["cp", "-a", str(base), str(root)], check=True)
+            subprocess.run(["cp", "-a", str(bases[ROOTFS_OF[h.name]]), str(root)], check=True)
             (root / "root" / ".ssh").mkdir(mode=0o700, exist_ok=True)
             shutil.copy(work / "id_ed25519.pub", root / "root" / ".ssh" / "authorized_keys")
             roots[h.name], addresses[h.name] = root, address(i)
@@ -537,8 +563,10 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         web = web_credentials(work, list(addresses.values()))
 
         def play(probes: dict, extra: dict | None = None) -> subprocess.CompletedProcess[str]:
-            # monitoring_install_rules as JSON: a boolean, not the string "false".
-            hosts_file = inventory(work, hosts, probes, web, extra or {})
+            # monitoring_install_rules as JSON: a boolean, not the string "false". The fleet mixes
+            # iperf3 3.12 and 3.18: their authentication needs the old padding.
+            padding = {"pathprobe_iperf3_legacy_rsa_padding": True}
+            hosts_file = inventory(work, hosts, probes, web, padding | (extra or {}))
             cmd = [str(BIN / "ansible-playbook"), "-i", str(hosts_file), "playbooks/site.yml",
                    "playbooks/monitoring.yml", "-e", f"monitoring_file_sd_path={file_sd}",
                    "-e", '{"monitoring_install_rules": false}',
@@ -548,9 +576,13 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
                    "ANSIBLE_NOCOLOR": "1", "HOME": str(work)}  # fmt: skip
             return run(cmd, timeout=1200, env=env)
 
+        # Without that, the play stops before the exporter is installed anywhere.
+        mixed = play(PROBES, {"pathprobe_iperf3_legacy_rsa_padding": False})
+        installed = {h: (roots[h] / "opt" / "pathprobe" / "venv").exists() for h in roots}
         first = play(PROBES)
         second = play(PROBES) if first.returncode == 0 else first
         yield {"work": work, "roots": roots, "addresses": addresses, "first": first, "second": second,
+               "mixed": mixed, "installed_after_mixed": installed,
                "file_sd": file_sd, "play": play,
                "password": web["pathprobe_web_config_basic_auth_users"]["prometheus"]}  # fmt: skip
     finally:
@@ -580,6 +612,7 @@ def test_deploys_then_changes_nothing_on_a_second_run(deployed: dict) -> None:
     for root in deployed["roots"].values():
         cfg = yaml.safe_load((root / "etc" / "pathprobe" / "pathprobe.yaml").read_text())
         assert len(cfg["peers"]) == 2 and cfg["iperf3"]["auth"]["username"] == "pathprobe"
+        assert cfg["iperf3"]["auth"]["legacy_rsa_padding"] is True
         # Only what the inventory set is written; the exporter's defaults apply to the rest.
         assert cfg["probes"]["rtt"] == {"interval_seconds": 0.1} and "responders" not in cfg
         assert cfg["budget"] == {"state_file": "/var/lib/pathprobe/budget.json"}
@@ -590,6 +623,19 @@ def test_deploys_then_changes_nothing_on_a_second_run(deployed: dict) -> None:
     targets = json.loads(deployed["file_sd"].read_text())
     assert {t["labels"]["host"] for t in targets} == {h.name for h in TOPOLOGY.hosts}
     assert all(t["labels"]["region"] and t["labels"]["zone"] for t in targets)
+
+
+@pytest.mark.lab
+def test_a_play_mixing_iperf3_older_and_newer_than_3_17_stops_naming_both(deployed: dict) -> None:
+    mixed = deployed["mixed"]
+    assert mixed.returncode != 0
+    said = " ".join(mixed.stdout.split())
+    older = ", ".join(sorted(h for h, r in ROOTFS_OF.items() if r == "base"))
+    of_the_play = f"Of this play's hosts, {older} run iperf3 older than 3.17, which has only the old padding "
+    newer = "of iperf3's credentials, and dep-singapore an iperf3 with the new padding (3.17 or later)"
+    assert f"dep-singapore runs iperf3 3.18. {of_the_play}{newer}" in said, mixed.stdout[-3000:]
+    assert f"dep-tokyo runs iperf3 3.12. {of_the_play}{newer}" in said
+    assert deployed["installed_after_mixed"] == dict.fromkeys(ROOTFS_OF, False)
 
 
 @pytest.mark.lab
@@ -624,7 +670,9 @@ def test_deployed_exporters_probe_each_other(deployed: dict) -> None:
         "global": {"scrape_interval": "5s"},
         "scrape_configs": [{
             "job_name": "pathprobe", "file_sd_configs": [{"files": [str(deployed["file_sd"])]}],
-            "scheme": "https", "tls_config": {"ca_file": str(work / "prometheus-ca.pem")},
+            "scheme": "https", "tls_config": {"ca_file": str(work / "prometheus-ca.pem"),
+                                              "cert_file": str(work / "client.pem"),
+                                              "key_file": str(work / "client-key.pem")},
             "basic_auth": {"username": "prometheus", "password_file": str(work / "prometheus-password")},
         }],
     }  # fmt: skip
@@ -641,15 +689,22 @@ def test_deployed_exporters_probe_each_other(deployed: dict) -> None:
         return {(s["metric"]["host"], s["metric"]["peer"]) for s in promql.query(url, metric)}
 
     wait_for("RTT for every path", lambda: measured("pathprobe_rtt_seconds_count") >= paths, timeout=90)
-    # Without the password, /metrics says 401.
-    tls = ssl.create_default_context(cafile=str(work / "web-cert.pem"))
+    # Without the password, /metrics says 401; without a client certificate, there is no TLS session.
+    first = next(iter(deployed["addresses"].values()))
     with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(metrics_request(next(iter(deployed["addresses"].values())), None), timeout=5,
-                               context=tls)  # fmt: skip
+        urllib.request.urlopen(metrics_request(first, None), timeout=5, context=scraper_tls(work))
     assert refused.value.code == 401
-    # Throughput through iperf3 with the RSA keys the play generated and distributed.
+    with pytest.raises((ssl.SSLError, ConnectionResetError, urllib.error.URLError)):
+        urllib.request.urlopen(metrics_request(first, deployed["password"]), timeout=5,
+                               context=scraper_tls(work, client_certificate=False))  # fmt: skip
+    # Throughput through iperf3 with the RSA keys the play generated and distributed, Debian 13's
+    # iperf3 with Debian 12's both ways.
     wait_for("throughput for every path", lambda: measured("pathprobe_throughput_bytes_per_second") >= paths,
              timeout=180)  # fmt: skip
+    # Each host runs the exporter on its own Python, from its own wheelhouse.
+    builds = promql.query(url, "pathprobe_build_info")
+    pythons = {s["metric"]["host"]: s["metric"]["python_version"][:4] for s in builds}
+    assert pythons == {h: PYTHON_OF[r] for h, r in ROOTFS_OF.items()}
 
 
 def main_pids(deployed: dict) -> dict[str, str]:
@@ -670,9 +725,16 @@ def test_a_probe_change_reloads_and_a_budget_change_restarts_the_exporters(deplo
                  and 'pathprobe_config_reloads_total{result="success"} 1.0' in metrics_text(deployed, addr),
                  timeout=30)  # fmt: skip
         assert ssh(deployed, host, "systemctl show pathprobe -p NRestarts --value").stdout.strip() == "0"
-    budget = {"pathprobe_budget": {"daily_bytes": "40GB"}}
+    # With client certificates verified if given (not required), the role's wait after the restart
+    # reads /-/ready (the first plays, certificates required, waited for the port).
+    budget = {"pathprobe_budget": {"daily_bytes": "40GB"},
+              "pathprobe_web_config_tls_server_config": {"client_auth_type": "VerifyClientCertIfGiven"}}  # fmt: skip
     changed = deployed["play"](PROBES | {"rtt": {"interval_seconds": 0.2}}, budget)
     assert changed.returncode == 0, changed.stdout[-4000:] + changed.stderr[-2000:]
+    assert waited(changed.stdout) == {"Wait until pathprobe is ready": "ok",
+                                      "Wait until pathprobe listens": "skipping"}  # fmt: skip
+    assert waited(deployed["second"].stdout) == {"Wait until pathprobe is ready": "skipping",
+                                                 "Wait until pathprobe listens": "ok"}  # fmt: skip
     after = main_pids(deployed)
     assert all(after[h] not in ("", "0", before[h]) for h in before), (before, after)
     for host, addr in deployed["addresses"].items():
@@ -680,6 +742,12 @@ def test_a_probe_change_reloads_and_a_budget_change_restarts_the_exporters(deplo
                  timeout=30)  # fmt: skip
         cfg = yaml.safe_load(ssh(deployed, host, "cat /etc/pathprobe/pathprobe.yaml").stdout)
         assert cfg["probes"]["rtt"] == {"interval_seconds": 0.2} and cfg["budget"]["daily_bytes"] == "40GB"
+
+
+def waited(output: str) -> dict[str, str]:
+    """The role's two waits after a start, each with what the first host's line said (ok, skipping)."""
+    found = re.findall(r"^TASK \[pathprobe : (Wait until pathprobe (?:is ready|listens))[^\n]*\n(\w+)", output, re.M)
+    return dict(found)
 
 
 def metrics_request(address: str, password: str | None) -> urllib.request.Request:
@@ -690,7 +758,7 @@ def metrics_request(address: str, password: str | None) -> urllib.request.Reques
 
 
 def metrics_text(deployed: dict, address: str) -> str:
-    tls = ssl.create_default_context(cafile=str(deployed["work"] / "web-cert.pem"))
+    tls = scraper_tls(deployed["work"])
     with (
         contextlib.suppress(OSError),
         urllib.request.urlopen(metrics_request(address, deployed["password"]), timeout=2, context=tls) as r,
@@ -700,7 +768,7 @@ def metrics_text(deployed: dict, address: str) -> str:
 
 
 def metrics_answer(deployed: dict, address: str) -> bool:
-    tls = ssl.create_default_context(cafile=str(deployed["work"] / "web-cert.pem"))
+    tls = scraper_tls(deployed["work"])
     with (
         contextlib.suppress(OSError),
         urllib.request.urlopen(metrics_request(address, deployed["password"]), timeout=2, context=tls) as r,

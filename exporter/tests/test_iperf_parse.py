@@ -1,12 +1,17 @@
-"""iperf3 -J parsing, on outputs captured from real iperf3 3.12 runs."""
+"""iperf3 -J parsing, on outputs captured from real iperf3 3.12 runs; the command lines."""
 
 import json
+import logging
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from pathprobe import iperf3
+from pathprobe.config import Iperf3Auth, Iperf3Settings
 from pathprobe.probes import ProbeFailure, Target
 from pathprobe.probes.throughput import ThroughputTest, classify_error, parse
+from pathprobe.responders.iperf3 import server_command
 
 FIXTURES = Path(__file__).parent / "fixtures" / "iperf3"
 
@@ -117,3 +122,41 @@ def test_command_line_carries_every_setting() -> None:
     assert cmd[cmd.index("-P") + 1] == "4"
     assert cmd[cmd.index("-w") + 1] == str(4 << 20)
     assert "-C" not in cmd  # congestion control applies to TCP only
+
+
+def test_the_hosts_iperf3_version_is_read_from_the_binary(tmp_path: Path) -> None:
+    said = subprocess.run(["iperf3", "--version"], capture_output=True, text=True, check=True).stdout.split()[1]
+    assert iperf3.version("iperf3") == tuple(int(n) for n in said.split(".")[:2])
+    assert iperf3.version("true") is None  # runs, says no version
+    # A binary that is not there yet is read again when it is (an upgrade in progress at start).
+    late = tmp_path / "iperf3"
+    assert iperf3.version(str(late)) is None
+    late.write_text("#!/bin/sh\necho 'iperf 3.20 (cJSON 1.7.15)'\n")
+    late.chmod(0o755)
+    assert iperf3.version(str(late)) == (3, 20)
+
+
+# (client, server): whether each is given the option.
+@pytest.mark.parametrize(("found", "has_option", "legacy", "given"), [
+    ((3, 18), True, True, (True, True)),  # a newer host in a fleet that still has older iperf3: the old padding
+    ((3, 18), True, False, (False, False)),  # its own (OAEP)
+    ((3, 20), True, True, (False, True)),  # from 3.20 the option is the server's only
+    ((3, 12), False, True, (False, False)),  # older iperf3 has only PKCS#1, and no such option
+    ((3, 16), True, True, (True, True)),  # a distribution's build with the change: what --help says counts
+    (None, True, True, (False, True)),  # no version: the client is not given an option it may refuse
+])  # fmt: skip
+def test_authenticated_clients_and_servers_take_the_fleets_padding(
+    monkeypatch: pytest.MonkeyPatch, found: tuple[int, int] | None, has_option: bool, legacy: bool,
+    given: tuple[bool, bool],
+) -> None:  # fmt: skip
+    client, server = given
+    monkeypatch.setattr(iperf3, "version", lambda _binary: found)
+    monkeypatch.setattr(iperf3, "has_pkcs1_option", lambda _binary: has_option)
+    auth = Iperf3Auth(username="u", password_file=Path("p"), public_key_file=Path("pub.pem"),
+                      private_key_file=Path("key.pem"), authorized_users_file=Path("users.csv"),
+                      legacy_rsa_padding=legacy)  # fmt: skip
+    test = ThroughputTest(username="u", public_key_file=Path("pub.pem"), legacy_rsa_padding=legacy)
+    assert (iperf3.PKCS1_OPTION in test.command(Target("198.18.2.2", 5201))) is client
+    assert (iperf3.PKCS1_OPTION in server_command(Iperf3Settings(auth=auth), "0.0.0.0")) is server
+    level, line = iperf3.describe("iperf3", legacy)
+    assert (level == logging.WARNING) is (server and not client), line

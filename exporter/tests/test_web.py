@@ -316,18 +316,16 @@ def test_silent_connections_stay_with_the_kernel_and_cost_the_server_nothing() -
         descriptors = len(os.listdir("/proc/self/fd"))
         silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(200)]
         try:
-            start = time.monotonic()
             assert scrape(port, tls=False, auth=None, timeout=1.0)[0] == 200
-            scraped = time.monotonic() - start
             # The test's own 200 sockets, none of the server's (they were never handed to it: the
             # scrape, accepted after them, would have been accepted after them), and perhaps the
             # server's end of the scrape, still closing.
             assert len(os.listdir("/proc/self/fd")) - descriptors in (200, 201)
-            assert scraped < 1.0
         finally:
             for s in silent:
                 s.close()
-        # Closed unsent, they reach the server as a burst of closed connections, dropped unserved.
+        # Closed unsent, they reach the server as a burst of closed connections: it still answers,
+        # and holds none of them to a deadline or a cap.
         assert scrape(port, tls=False, auth=None, timeout=1.0)[0] == 200
         assert sum(server.stats.refused.values()) == 0
 

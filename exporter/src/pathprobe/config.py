@@ -209,6 +209,10 @@ class Iperf3Auth(Strict):
     public_key_file: Path  # the mesh's server public key, used as client
     private_key_file: Path  # used as server
     authorized_users_file: Path
+    # True while any host of the fleet runs iperf3 older than 3.17: this host's iperf3, if 3.17 or
+    # newer, then uses the old PKCS#1 padding as server, and as client up to 3.19 (iperf3.py says
+    # why). Every host of a fleet must use one padding: a server reads one, whoever the client is.
+    legacy_rsa_padding: bool = False
 
 
 class Iperf3Settings(Strict):

@@ -717,11 +717,11 @@ def serve(  # noqa: PLR0913 - the settings, the registry, and what the exporter 
     # its close) arrives, so a client that connects and sends nothing costs the exporter nothing
     # for that long (its deadlines run from the hand-over), and a scrape is never accepted
     # behind a flood of them.
-    listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, limits.defer_accept_seconds)
-    stats = Stats(web_config)
-    snapshot = Snapshot(registry, stats=stats)
-    app = make_app(snapshot, web_config, reload if settings.enable_lifecycle else None, ready)
     try:
+        listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, limits.defer_accept_seconds)
+        stats = Stats(web_config)
+        snapshot = Snapshot(registry, stats=stats)
+        app = make_app(snapshot, web_config, reload if settings.enable_lifecycle else None, ready)
         return MetricsServer(listener, app, stats=stats, web_config=web_config, limits=limits)
     except BaseException:
         listener.close()

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import __version__, config, launch, limits, responders, webconfig
+from .. import __version__, config, iperf3, launch, limits, responders, webconfig
 from ..exporter import Exporter, epoch_too_far_ahead, host_max_mtu
 from ..metrics import registry
 from ..reloads import Reloads
@@ -153,6 +153,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"pathprobe: cannot serve /metrics on {cfg.web.listen}: {exc}", file=sys.stderr)
         return EXIT_PROBE_FAILED
     log.info("pathprobe %s for %s: metrics on %s", __version__, cfg.host.name, cfg.web.listen)
+    if cfg.iperf3.auth:  # the padding decides which peers' iperf3 can authenticate with this one
+        log.log(*iperf3.describe(cfg.iperf3.binary, cfg.iperf3.auth.legacy_rsa_padding))
 
     async def run() -> None:
         stop = asyncio.Event()

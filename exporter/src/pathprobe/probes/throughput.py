@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import procs
+from .. import iperf3, procs
 from ..config import Iperf3Settings, ThroughputSettings, default
 from .base import ProbeFailure, Reason, Target, ThroughputSink
 from .steady import Detector, Interval, delivered_bytes, delivered_intervals, parse_interval, wire_bytes
@@ -71,6 +71,7 @@ class ThroughputTest:
     username: str | None = None
     password_file: Path | None = None
     public_key_file: Path | None = None
+    legacy_rsa_padding: bool = False
     # Stop a TCP test at its steady state (probes/steady.py); duration_seconds is then its most.
     steady_state: Detector | None = None
     rtt_hint_seconds: float | None = None  # the path's RTT, for the detector's window
@@ -105,7 +106,8 @@ class ThroughputTest:
         if self.window_bytes:
             cmd += ["-w", str(self.window_bytes)]
         if self.username and self.public_key_file:
-            cmd += ["--username", self.username, "--rsa-public-key-path", str(self.public_key_file)]
+            cmd += ["--username", self.username, "--rsa-public-key-path", str(self.public_key_file),
+                    *iperf3.client_options(self.binary, self.legacy_rsa_padding)]  # fmt: skip
         return cmd
 
     def env(self) -> dict[str, str]:

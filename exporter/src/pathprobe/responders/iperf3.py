@@ -9,7 +9,7 @@ import re
 import time
 from collections.abc import Callable
 
-from .. import procs
+from .. import iperf3, procs
 from ..config import Iperf3Settings
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ def server_command(settings: Iperf3Settings, listen: str) -> list[str]:
         cmd += [
             "--rsa-private-key-path", str(settings.auth.private_key_file),
             "--authorized-users-path", str(settings.auth.authorized_users_file),
+            *iperf3.server_options(settings.binary, settings.auth.legacy_rsa_padding),
         ]  # fmt: skip
     return cmd
 
