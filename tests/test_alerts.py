@@ -63,10 +63,13 @@ def test_promtool_checks_and_unit_tests_pass() -> None:
 def test_every_alert_follows_the_mixin_style_and_is_unit_tested() -> None:
     runbook_sections = set(re.findall(r"^## (\w+)$", (ALERTS / "runbook.md").read_text(), re.M))
     tested = set(re.findall(r"alertname: (\w+)", (ALERTS / "tests" / "pathprobe.rules.test.yml").read_text()))
+    tested |= set(rules.CULPRIT_ALERTS.values())  # promtool over generated meshes: tests/test_culprits.py
     for rule in alert_rules():
         name = rule["alert"]
         assert re.fullmatch(r"Pathprobe([A-Z][a-z0-9]+)+", name), name
-        assert rule["labels"]["severity"] in ("warning", "critical"), name
+        # A culprit's severity follows its paths' (a template choosing between the two).
+        assert rule["labels"]["severity"] in ("warning", "critical", rules.CULPRIT_SEVERITY), name
+        assert rule["labels"]["scope"] in rules.SCOPES, name
         assert {"summary", "description", "runbook_url"} <= set(rule["annotations"]), name
         assert rule["annotations"]["runbook_url"].endswith("#" + name.lower()), name
         assert name in runbook_sections, f"{name} has no section in alerts/runbook.md"
@@ -84,7 +87,9 @@ def test_lab_rules_are_valid_too(tmp_path: Path) -> None:
 def test_every_recording_rule_writes_its_own_series(rtt_window_seconds: int) -> None:
     """Two rules recording one name write one series twice: Prometheus keeps one and discards the other."""
     for p in (params.Params(), lab_alert_params(rotation_seconds(DRILL, SLOT), rtt_window_seconds)):
-        records = [r["record"] for g in yaml.safe_load(rules.dump(p))["groups"] for r in g["rules"] if "record" in r]
+        # A record's rule labels (the culprits' scope) tell its series apart.
+        records = [(r["record"], str(r.get("labels"))) for g in yaml.safe_load(rules.dump(p))["groups"]
+                   for r in g["rules"] if "record" in r]  # fmt: skip
         assert len(records) == len(set(records)), sorted(r for r in records if records.count(r) > 1)
 
 

@@ -63,6 +63,9 @@ class Host(Strict):
     region: str = Field(min_length=1)
     zone: str = ""
     instance_type: str = ""
+    # The Transit Gateway attachment of this host's VPC (tgw-attach-...), the one its transit_gateway
+    # paths leave through: the alert rules name it when most of the paths over it degrade.
+    transit_gateway_attachment: str = ""
     # Whose ENA allowance counters (ethtool -S) to read; default: the default route's interface.
     interface: str = Field(default="", pattern=r"^[A-Za-z0-9_.:@-]{0,15}$")
     # The address probes and tests leave from (peers admit this host by `address`); default:
@@ -188,6 +191,8 @@ class Peer(Strict):
     zone: str = ""
     path_class: PathClass
     instance_type: str = ""
+    # The Transit Gateway attachment of the peer's VPC (with path_class transit_gateway).
+    transit_gateway_attachment: str = ""
     # Ports of this peer's responders when they differ from this host's own.
     iperf3_port: int | None = Field(default=None, ge=1, le=65535)
     rr_port: int | None = Field(default=None, ge=1, le=65535)

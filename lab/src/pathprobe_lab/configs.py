@@ -33,6 +33,7 @@ def exporter_config(
                 "zone": other.zone,
                 "instance_type": other.instance_type,
                 "path_class": paths[(host_name, other.name)].path_class.value,
+                "transit_gateway_attachment": attachment(other),
                 **({"tcp_rmem_max_bytes": other.tcp_rmem_max} if other.tcp_rmem_max else {}),
                 **({"tcp_wmem_max_bytes": other.tcp_wmem_max} if other.tcp_wmem_max else {}),
                 "limits": scaled_limits(topo, me, other, paths[(host_name, other.name)].path_class),
@@ -51,6 +52,7 @@ def exporter_config(
             "region": me.region,
             "zone": me.zone,
             "instance_type": me.instance_type,
+            "transit_gateway_attachment": attachment(me),
         },
         "peers": peers,
         "probes": probes,
@@ -64,6 +66,11 @@ def exporter_config(
         },
     }
     return cfg  # the host's own buffers: the exporter reads them in its namespace
+
+
+def attachment(host: LabHost) -> str:
+    """A lab host is a VPC of its own: its Transit Gateway attachment is named after it."""
+    return f"tgw-attach-{host.name}"
 
 
 # The expected-limit candidates the lab scales, by the per-peer override that carries each.

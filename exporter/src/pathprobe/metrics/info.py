@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from prometheus_client.core import InfoMetricFamily, Metric
 
 from .. import build, instance_types
-from ..config import Config, Peer, ThroughputSettings
+from ..config import Config, PathClass, Peer, ThroughputSettings
 from .common import PEER, TEST, gauge, peer_labels
 
 
@@ -47,7 +47,7 @@ class ConfigInfo:
         info = gauge(
             "pathprobe_peer_info",
             "A configured peer (value 1).",
-            ["peer", "peer_region", "peer_zone", "path_class", "address"],
+            ["peer", "peer_region", "peer_zone", "path_class", "address", "attachment", "peer_attachment"],
         )
         ceiling = gauge(
             "pathprobe_rtt_ceiling_seconds",
@@ -68,7 +68,11 @@ class ConfigInfo:
         throughput_peers = {p.name for p in cfg.throughput_peers}
         for peer in cfg.probed_peers:
             labels = peer_labels(peer)
-            info.add_metric([peer.name, peer.region, peer.zone, peer.path_class.value, str(peer.address)], 1)
+            # The Transit Gateway attachments at both ends, on the paths that cross them only.
+            tgw = peer.path_class == PathClass.transit_gateway
+            attachments = [cfg.host.transit_gateway_attachment, peer.transit_gateway_attachment] if tgw else ["", ""]
+            info.add_metric([peer.name, peer.region, peer.zone, peer.path_class.value, str(peer.address),
+                             *attachments], 1)  # fmt: skip
             if peer.rtt_ceiling_seconds:
                 ceiling.add_metric(labels, peer.rtt_ceiling_seconds)
             if peer.name in rtt_peers:

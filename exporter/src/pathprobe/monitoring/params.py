@@ -68,6 +68,18 @@ class Params(Strict):
         default=30, gt=0, description="/metrics snapshot older than this (a few refresh intervals)"
     )
     snapshot_stale_for: str = Field(default="5m")
+    culprit_bad_share: float = Field(
+        default=0.75,
+        gt=0.5,
+        le=1,
+        description="share of the paths through a host, zone, region pair or Transit Gateway attachment that "
+        "must be bad to name it (above half: a host's egress fault leaves its ingress and its peers' other "
+        "paths good)",
+    )
+    culprit_min_bad_paths: int = Field(default=2, ge=2, description="fewer bad paths are one path's fault")
+    culprit_for: str = Field(
+        default="3m", description="shorter than the per-path alerts' own, so that the culprit's page comes first"
+    )
     evaluation_interval: str = Field(default="1m", description="of the rule groups but the baseline's")
     baseline_evaluation_interval: str = Field(
         default="5m", description="of the RTT baseline (a median over days changes slowly; its query is the largest)"

@@ -8,6 +8,7 @@ the lab demo renders short windows so that a fire drill takes minutes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,9 +35,19 @@ REGION_PAIR = "region, peer_region"
 REGION_PAIR_SERIES = "region_pair:.+"
 
 
+# The labels of a path that its source's target labels do not carry, from pathprobe_peer_info:
+# the peer's region and zone, the path's class and the Transit Gateway attachments it crosses.
+PATH_SIDES = "peer_region, peer_zone, path_class, attachment, peer_attachment"
+# The scopes of the alerts (the `scope` label): what one alert is about, and so which per-path
+# alerts a culprit explains (alertmanager.yml inhibits those).
+SCOPES = ("path", "host", "zone", "region_pair", "transit_gateway", "mesh")
+
+
 @dataclass(frozen=True)
 class Alert:
-    """One alerting rule, mixin style: CamelCase name, severity, summary, description, runbook link."""
+    """One alerting rule, mixin style: CamelCase name, severity, summary, description, runbook link;
+    `scope` says what it is about. A per-path alert carries every label of its path (PATH_SIDES), so
+    that Alertmanager can match it with the culprit that explains it."""
 
     name: str
     expr: str
@@ -44,12 +55,16 @@ class Alert:
     summary: str
     description: str
     for_: str | None = None
+    scope: str = "path"
 
     def rule(self, p: Params) -> dict[str, Any]:
-        rule: dict[str, Any] = {"alert": self.name, "expr": self.expr.strip()}
+        expr = self.expr.strip()
+        if self.scope == "path":
+            expr = f"({expr})\n* on ({PATH}) group_left ({PATH_SIDES}) pathprobe_peer_info{{{p.selector}}}"
+        rule: dict[str, Any] = {"alert": self.name, "expr": expr}
         if self.for_:
             rule["for"] = self.for_
-        rule["labels"] = {"severity": self.severity}
+        rule["labels"] = {"severity": self.severity, "scope": self.scope}
         rule["annotations"] = {
             "summary": self.summary,
             "description": self.description,
@@ -69,12 +84,15 @@ TEST_TEXT = PATH_TEXT + " {{ $labels.protocol }} x{{ $labels.streams }} {{ $labe
 
 
 def render(p: Params) -> dict[str, Any]:
-    alerts = [*_throughput_alerts(p), *_path_alerts(p), *_schedule_alerts(p), *_exporter_alerts(p)]
+    alerts = [*_culprit_alerts(p), *_throughput_alerts(p), *_path_alerts(p), *_schedule_alerts(p),
+              *_exporter_alerts(p)]  # fmt: skip
     return {
         "groups": [
             {"name": "pathprobe.recording", "interval": p.evaluation_interval, "rules": _recording(p)},
             {"name": "pathprobe.baseline", "interval": p.baseline_evaluation_interval, "rules": _baseline(p)},
             {"name": "pathprobe.region_pairs", "interval": p.evaluation_interval, "rules": _region_pairs(p)},
+            # After the recording group: it reads the paths' recorded ratios (one evaluation behind).
+            {"name": "pathprobe.culprits", "interval": p.evaluation_interval, "rules": _culprits(p)},
             {"name": "pathprobe.alerts", "interval": p.evaluation_interval, "rules": [a.rule(p) for a in alerts]},
         ]
     }
@@ -152,6 +170,183 @@ def _region_pairs(p: Params) -> list[dict[str, str]]:
     ]  # fmt: skip
 
 
+# A path's state for the culprits: 0 good, 1 bad (a warning threshold crossed), 2 bad at a critical one.
+BAD = "path:pathprobe_path_bad:level"
+# Bad paths that a named zone or host culprit explains (value: the path's level).
+EXPLAINED = "path:pathprobe_path_explained:level"
+CULPRIT = "culprit:pathprobe_culprit:level"
+# A culprit's alert is critical when most of its paths are bad at a critical threshold (the value 2).
+CULPRIT_SEVERITY = "{{ if ge $value 2.0 }}critical{{ else }}warning{{ end }}"
+CULPRIT_ALERTS = {"host": "PathprobeHostDegraded", "zone": "PathprobeZoneDegraded",
+                  "region_pair": "PathprobeRegionPairDegraded",
+                  "transit_gateway": "PathprobeTransitGatewayAttachmentDegraded"}  # fmt: skip
+PATHS, PATHS_BAD, PATHS_CRITICAL = ("culprit:pathprobe_paths:count", "culprit:pathprobe_paths_bad:count",
+                                    "culprit:pathprobe_paths_critical:count")  # fmt: skip
+# The source's labels that identify a path (the target labels and the peer).
+SOURCE = "job, instance, host, region, zone, peer"
+
+
+def _with(expr: str, **labels: str) -> str:
+    """expr with constant labels added."""
+    for name, value in labels.items():
+        expr = f'label_replace({expr}, "{name}", "{value}", "", "")'
+    return expr
+
+
+def _copy(expr: str, **renames: str) -> str:
+    """expr with each label (key) set from another (value)."""
+    for dst, src in renames.items():
+        expr = f'label_replace({expr}, "{dst}", "$1", "{src}", "(.*)")'
+    return expr
+
+
+# The candidate culprits, by scope, and the paths through each. A host and a Transit Gateway
+# attachment are candidates as senders (egress) and as receivers (ingress) apart; a zone counts the
+# paths from it and to it (a path inside it twice); a region pair is one direction. The ingress forms
+# also carry the peer-side label (peer, peer_attachment) that the per-path alerts they explain carry,
+# and a zone its name as peer_zone too: alertmanager.yml's inhibitions match on them.
+def _candidates(agg: str, series: Callable[[str], str]) -> dict[str, str]:
+    """`agg` ("count" or "sum") of `series(matchers)` (per path) over each candidate's paths, by scope."""
+
+    def by(labels: str, matchers: str = "") -> str:
+        return f"{agg} by ({labels}) ({series(matchers)})"
+
+    zoned, peer_zoned, attached, peer_attached = 'zone!=""', 'peer_zone!=""', 'attachment!=""', 'peer_attachment!=""'
+    zone_in = _copy(by("peer_zone, peer_region", peer_zoned), zone="peer_zone", region="peer_region")
+    zone = f"sum by (zone, region) (\n  {by('zone, region', zoned)}\n  or {_with(zone_in, end='ingress')}\n)"
+    host_in = _copy(by("peer, peer_region, peer_zone"), host="peer", region="peer_region", zone="peer_zone")
+    tgw_in = _copy(by("peer_attachment, peer_region", peer_attached), attachment="peer_attachment",
+                   region="peer_region")  # fmt: skip
+    tgw_in = f"max without (peer_region) ({tgw_in})"
+    return {
+        "zone": _with(_copy(zone, peer_zone="zone"), scope="zone"),
+        "host": f"{_with(by('host, region, zone'), scope='host', side='egress')}\n"
+                f"or {_with(f'max without (peer_region, peer_zone) ({host_in})', scope='host', side='ingress')}",
+        "transit_gateway": f"{_with(by('attachment, region', attached), scope='transit_gateway', side='egress')}\n"
+                           f"or {_with(tgw_in, scope='transit_gateway', side='ingress')}",
+        "region_pair": _with(by("region, peer_region"), scope="region_pair"),
+    }  # fmt: skip
+
+
+def _named(p: Params, scope: str, bad: str) -> str:
+    """The culprits of a scope: `bad` (per candidate: its bad paths that it may still explain) is at
+    least culprit_min_bad_paths and culprit_bad_share of its paths. The value is 2 when that share
+    of its paths is bad at a critical threshold, else 1."""
+    m = f'{{scope="{scope}"}}'
+    return (f"1 + ({PATHS_CRITICAL}{m} / {PATHS}{m} >= bool {p.culprit_bad_share:g})\n"
+            f"and ({bad} >= {p.culprit_min_bad_paths}) / {PATHS}{m} >= {p.culprit_bad_share:g}")  # fmt: skip
+
+
+def _path_level(p: Params) -> str:
+    """Each path's state from its signals (the alerts' own thresholds and windows): 0 good, 1 bad,
+    2 bad at a critical threshold (throughput, loss) or unreachable; with every label of the path."""
+    sel, idle = p.selector, f'{p.selector}, state="idle"'
+    ratio = f"min by ({SOURCE}) (path:pathprobe_throughput_expected_ratio:last)"
+    loss = (
+        f"sum by ({SOURCE}) (increase(pathprobe_udp_packets_lost_total{{{idle}}}[{p.loss_window}]))\n"
+        f"  / sum by ({SOURCE}) (increase(pathprobe_udp_packets_sent_total{{{idle}}}[{p.loss_window}]))"
+    )
+    recent = f"path:pathprobe_rtt_seconds:p50_{p.rtt_recent_window}"
+    base = f"path:pathprobe_rtt_seconds:p50_{p.rtt_baseline_window}"
+
+    def runs(result: str) -> str:
+        return (
+            f'sum by ({SOURCE}) (increase(pathprobe_probe_runs_total{{{sel}, probe="rtt", result{result}"ok"}}'
+            f"[{p.unreachable_window}]))"
+        )
+
+    signals = {
+        "throughput": f"({ratio} < bool {p.throughput_ratio_warning:g})\n"
+                      f"  + ({ratio} < bool {p.throughput_ratio_critical:g})",
+        "loss": f"(({loss}) > bool {p.loss_ratio_warning:g})\n  + (({loss}) > bool {p.loss_ratio_critical:g})",
+        "rtt": f"max by ({SOURCE}) (({recent} > bool {p.rtt_baseline_ratio:g} * {base})\n"
+               f"  * (({recent} - {base}) > bool {p.rtt_baseline_min_increase_seconds:g}))",
+        # Unreachable: no answer and failed probes (a path without RTT probes stays good).
+        "reachability": f"2 * ({runs('=')} == bool 0) * ({runs('!=')} > bool 0)\n  or 0 * {runs('=')}",
+    }  # fmt: skip
+    terms = "\n  or ".join(_with(f"({expr})", signal=name) for name, expr in signals.items())
+    return f"max by ({SOURCE}) (\n  {terms}\n)\n* on ({PATH}) group_left ({PATH_SIDES}) pathprobe_peer_info{{{sel}}}"
+
+
+def _culprits(p: Params) -> list[dict[str, Any]]:
+    """Localization (alerts/runbook.md, "Culprits"): the host, zone, Transit Gateway attachment or region
+    pair most of whose paths are bad. The rules of a group run in order, each seeing the ones before:
+    zones are named first, then hosts outside named zones (a zone's loss makes each of its hosts look
+    bad), then attachments and region pairs on the bad paths that no zone or host named before explains
+    (a host's fault can make its region's pairs look bad)."""
+
+    def level(matchers: str, condition: str = "") -> str:
+        return f"{BAD}{{{matchers}}}{condition}" if matchers else f"{BAD}{condition}"
+
+    def unexplained(scope: str, also: str = "") -> str:
+        """Per candidate of the scope, its bad paths that no culprit named before explains."""
+        paths = _candidates("sum", lambda m: f"({level(m, ' >= bool 1')} unless on ({PATH}) ({EXPLAINED}{also}))")
+        return f"({paths[scope]})"
+
+    def explains(scope: str, side: str, on: str) -> str:
+        side_matcher = f', side="{side}"' if side else ""
+        return f'{BAD} >= 1 and on ({on}) {CULPRIT}{{scope="{scope}"{side_matcher}}}'
+
+    by_zone_or_host = [explains("zone", "", "zone"), explains("zone", "", "peer_zone"),
+                       explains("host", "egress", "host"), explains("host", "ingress", "peer")]  # fmt: skip
+    by_attachment = [explains("transit_gateway", "egress", "attachment"),
+                     explains("transit_gateway", "ingress", "peer_attachment")]  # fmt: skip
+    host_bad = PATHS_BAD + '{scope="host"}'
+    return [
+        {"record": BAD, "expr": _path_level(p)},
+        {"record": PATHS, "expr": "\nor ".join(_candidates("count", level).values())},
+        {"record": PATHS_BAD, "expr": "\nor ".join(_candidates("sum", lambda m: level(m, " >= bool 1")).values())},
+        {"record": PATHS_CRITICAL, "expr": "\nor ".join(_candidates("sum", lambda m: level(m, " >= bool 2")).values())},
+        {"record": CULPRIT, "expr": _named(p, "zone", PATHS_BAD + '{scope="zone"}'), "labels": {"scope": "zone"}},
+        {"record": CULPRIT, "expr": f'({_named(p, "host", host_bad)})\nunless on (zone) {CULPRIT}{{scope="zone"}}',
+         "labels": {"scope": "host"}},
+        {"record": EXPLAINED, "expr": "\nor ".join(by_zone_or_host)},
+        {"record": CULPRIT, "expr": _named(p, "transit_gateway", unexplained("transit_gateway")),
+         "labels": {"scope": "transit_gateway"}},
+        {"record": CULPRIT, "expr": _named(p, "region_pair", unexplained("region_pair", "".join(
+            f"\n  or {e}" for e in by_attachment))), "labels": {"scope": "region_pair"}},
+    ]  # fmt: skip
+
+
+def _culprit_alerts(p: Params) -> list[Alert]:
+    """One alert per named culprit; each inhibits the per-path alerts it explains (alertmanager.yml)."""
+    severity = CULPRIT_SEVERITY
+
+    def evidence(scope: str, *labels: str) -> str:
+        match = ",".join(f"{name}='%s'" for name in labels)
+        args = " ".join(f"$labels.{name}" for name in labels)
+        counts = [
+            f"{{{{ with printf \"{record}{{scope='{scope}',{match}}}\" {args} | query }}}}"
+            "{{ . | first | value }}{{ end }}"
+            for record in (PATHS_BAD, PATHS)
+        ]
+        return f"{counts[0]} of its {counts[1]} paths are bad"
+
+    host = evidence("host", "side", "host")
+    return [
+        Alert(CULPRIT_ALERTS["host"], f'{CULPRIT}{{scope="host"}}', severity,
+              "Most paths from (or to) one host are degraded: the host is the culprit.",
+              "{{ $labels.host }} ({{ $labels.region }} {{ $labels.zone }}), {{ $labels.side }}: " + host +
+              " (throughput below expected, loss, RTT above baseline or no answer), while the other paths of "
+              "its peers are not: check its instance allowances (pathprobe_ena_allowance_exceeded_total) first.",
+              p.culprit_for, scope="host"),
+        Alert(CULPRIT_ALERTS["zone"], f'{CULPRIT}{{scope="zone"}}', severity,
+              "Most paths from and to one availability zone are degraded.",
+              "{{ $labels.zone }} ({{ $labels.region }}): " + evidence("zone", "zone") +
+              ", from and to every host in it.", p.culprit_for, scope="zone"),
+        Alert(CULPRIT_ALERTS["region_pair"], f'{CULPRIT}{{scope="region_pair"}}', severity,
+              "Most paths from one region to another are degraded.",
+              "{{ $labels.region }} -> {{ $labels.peer_region }}: " + evidence("region_pair", "region", "peer_region")
+              + ", from hosts that reach their other peers well: the regions' interconnect, not a host.",
+              p.culprit_for, scope="region_pair"),
+        Alert(CULPRIT_ALERTS["transit_gateway"], f'{CULPRIT}{{scope="transit_gateway"}}', severity,
+              "Most paths over one Transit Gateway attachment are degraded.",
+              "{{ $labels.attachment }} ({{ $labels.region }}), {{ $labels.side }}: "
+              + evidence("transit_gateway", "side", "attachment") + " over it.",
+              p.culprit_for, scope="transit_gateway"),
+    ]  # fmt: skip
+
+
 def _throughput_alerts(p: Params) -> list[Alert]:
     sel, test_text = p.selector, TEST_TEXT
     ratio = "path:pathprobe_throughput_expected_ratio:last"
@@ -185,7 +380,7 @@ def _path_alerts(p: Params) -> list[Alert]:
         f"path:pathprobe_rtt_seconds:p50_{p.rtt_baseline_window}",
     )
     # Loss while this host or the peer runs a throughput test is self-inflicted: alerts count idle packets only.
-    by_path = f"sum by ({PATH}, host, region, peer_region)"
+    by_path = f"sum by ({PATH}, host, region, zone)"
     idle_loss = (
         f'{by_path} (increase(pathprobe_udp_packets_lost_total{{{sel}, state="idle"}}[{p.loss_window}]))\n'
         f'  / {by_path} (increase(pathprobe_udp_packets_sent_total{{{sel}, state="idle"}}[{p.loss_window}]))'
@@ -229,7 +424,7 @@ def _path_alerts(p: Params) -> list[Alert]:
                f"which it carried within {p.mtu_memory}: a path MTU black hole; large transfers stall while "
                "small probes pass.", p.mtu_for),
         Alert("PathprobePeerUnreachable",
-               f'sum by ({PATH}, host, region) (increase(pathprobe_probe_runs_total{{{sel}, probe="rtt", '
+               f'sum by ({PATH}, host, region, zone) (increase(pathprobe_probe_runs_total{{{sel}, probe="rtt", '
                f'result="ok"}}[{p.unreachable_window}])) == 0\nand on ({PATH})\n'
                f'sum by ({PATH}) (increase(pathprobe_probe_runs_total{{{sel}, probe="rtt", result!="ok"}}'
                f"[{p.unreachable_window}])) > 0",
@@ -247,7 +442,7 @@ def _schedule_alerts(p: Params) -> list[Alert]:
         Alert("PathprobeThroughputResultsStale",
                f'(time() - pathprobe_probe_last_success_timestamp_seconds{{{sel}, probe="throughput"}})\n'
                f"  > {rotations}\n"
-               f"or on ({PATH}) (max by ({PATH}, host, region) (pathprobe_throughput_settings_info{{{sel}}})\n"
+               f"or on ({PATH}) (max by ({PATH}, host, region, zone) (pathprobe_throughput_settings_info{{{sel}}})\n"
                f'  unless on ({PATH}) pathprobe_probe_last_success_timestamp_seconds{{{sel}, probe="throughput"}}\n'
                f"  and on (instance) (time() - process_start_time_seconds{{{sel}}}) > {rotations})",
                "warning", "No successful throughput test for several schedule rotations.",
@@ -259,7 +454,8 @@ def _schedule_alerts(p: Params) -> list[Alert]:
                f"and on (instance) (time() - process_start_time_seconds{{{sel}}}) > {rotations}",
                "warning", "An exporter takes no throughput turns.",
                "{{ $labels.host }} ({{ $labels.region }}) has taken no throughput turn in "
-               f"{p.stale_rotations:g} rotations of the schedule: its throughput loop is stuck; see its log."),
+               f"{p.stale_rotations:g} rotations of the schedule: its throughput loop is stuck; see its log.",
+               scope="host"),
         Alert("PathprobeThroughputTestsOutOfTurn",
                f'increase(pathprobe_probe_runs_total{{{sel}, probe="throughput", result="out_of_turn"}}'
                f"[{p.out_of_turn_window}]) >= 2",
@@ -275,12 +471,13 @@ def _schedule_alerts(p: Params) -> list[Alert]:
                "{{ $labels.host }} ({{ $labels.region }})'s clock differs from every peer's by at least "
                "{{ $value | humanizeDuration }} (from its UDP echoes): its throughput turns start at the wrong "
                "time and its peers cut its tests as out of turn. Check its time sync (chronyc tracking).",
-               p.clock_offset_for),
+               p.clock_offset_for, scope="host"),
         Alert("PathprobeThroughputTurnErrors",
                f"increase(pathprobe_schedule_turn_errors_total{{{sel}}}[{p.turn_errors_window}]) > 0",
                "warning", "Throughput turns fail on an unexpected error.",
                "{{ $labels.host }} ({{ $labels.region }}): {{ $value | humanize }} throughput turns ended on "
-               f"{{{{ $labels.reason }}}} in {p.turn_errors_window} (the loop goes on; the log has the traceback)."),
+               f"{{{{ $labels.reason }}}} in {p.turn_errors_window} (the loop goes on; the log has the traceback).",
+               scope="host"),
     ]  # fmt: skip
 
 
@@ -290,32 +487,33 @@ def _exporter_alerts(p: Params) -> list[Alert]:
     return [
         Alert("PathprobeExporterDown", f"up{{{sel}}} == 0", "critical", "A pathprobe exporter is down.",
                "{{ $labels.host }} ({{ $labels.region }}) cannot be scraped: its paths are not measured and its "
-               "peers' probes to it fail.", p.exporter_down_for),
+               "peers' probes to it fail.", p.exporter_down_for, scope="host"),
         Alert("PathprobeExporterAbsent", f"absent(up{{{sel}}})", "critical", "No pathprobe exporter is scraped.",
-               f"Prometheus has no target matching {p.selector}: check service discovery.", p.exporter_down_for),
+               f"Prometheus has no target matching {p.selector}: check service discovery.", p.exporter_down_for,
+               scope="mesh"),
         Alert("PathprobeBudgetExhausted", f"pathprobe_budget_remaining_bytes{{{sel}}} == 0", "warning",
                "Throughput byte budget exhausted.",
                "{{ $labels.host }} has spent its daily byte budget: throughput tests stop until "
                "{{ with printf \"pathprobe_budget_period_end_timestamp_seconds{instance='%s'}\" $labels.instance "
-               "| query }}{{ . | first | value | humanizeTimestamp }}{{ end }}.", p.budget_for),
+               "| query }}{{ . | first | value | humanizeTimestamp }}{{ end }}.", p.budget_for, scope="host"),
         Alert("PathprobeBudgetStateUnusable", f"pathprobe_budget_state_unusable{{{sel}}} == 1", "warning",
                "A host's budget state file was unusable: its tests wait for the next budget period.",
                "{{ $labels.host }} ({{ $labels.region }}) could not use its budget state file at start, so it counts "
                "the budget period as spent: its throughput tests stop until "
                "{{ with printf \"pathprobe_budget_period_end_timestamp_seconds{instance='%s'}\" $labels.instance "
                "| query }}{{ . | first | value | humanizeTimestamp }}{{ end }} unless the file is fixed or removed "
-               "and the exporter restarted (the log says why).", p.budget_state_unusable_for),
+               "and the exporter restarted (the log says why).", p.budget_state_unusable_for, scope="host"),
         Alert("PathprobeBudgetSaveFailures",
                f"increase(pathprobe_budget_save_failures_total{{{sel}}}[{p.budget_save_failures_window}]) > 0",
                "warning", "A host cannot write its budget state file.",
                "{{ $labels.host }} ({{ $labels.region }}) could not write its budget state file in the last "
                f"{p.budget_save_failures_window}: it counts today's bytes in memory only, so a restart would forget "
-               "them and could spend the budget again (the log says why)."),
+               "them and could spend the budget again (the log says why).", scope="host"),
         Alert("PathprobeInstanceTypeUnknown", f"pathprobe_instance_type_unknown{{{sel}}} == 1", "warning",
                "An instance type the limits table does not know.",
                "{{ $labels.host }}'s config names instance type {{ $labels.instance_type }} (for "
                "{{ if $labels.peer }}peer {{ $labels.peer }}{{ else }}this host{{ end }}), which the instance-type "
-               "table does not know: the expected throughput of its paths leaves its bandwidth out."),
+               "table does not know: the expected throughput of its paths leaves its bandwidth out.", scope="host"),
         Alert("PathprobeRespondersRefusingPeers",
                f'increase(pathprobe_probe_runs_total{{{sel}, result="not_allowed"}}[{p.refused_window}]) > 0',
                "warning", "A host's responders refuse its peers.",
@@ -327,18 +525,18 @@ def _exporter_alerts(p: Params) -> list[Alert]:
                "warning", "A host's echo responder drops datagrams: its queue is full.",
                "{{ $labels.host }}'s UDP echo responder dropped {{ $value | humanize }} datagrams in "
                f"{p.refused_window} because its socket queue was full (a flood, or more peers than it keeps up "
-               "with): its peers read that as loss on their paths to it."),
+               "with): its peers read that as loss on their paths to it.", scope="host"),
         Alert("PathprobeScheduleMismatch",
                f"count(count by (fingerprint) (pathprobe_schedule_info{{{sel}}})) > 1", "warning",
                "Exporters derive different throughput schedules.",
                "{{ $value }} different schedules in the mesh: peer lists or slot lengths differ between hosts, so "
-               "throughput tests may collide (busy) and measure each other.", p.schedule_mismatch_for),
+               "throughput tests may collide (busy) and measure each other.", p.schedule_mismatch_for, scope="mesh"),
         Alert("PathprobeMetricsSnapshotStale",
               f"pathprobe_scrape_snapshot_age_seconds{{{sel}}} > {p.snapshot_stale_seconds:g}", "critical",
               "An exporter serves an old metrics snapshot.",
               "{{ $labels.host }} ({{ $labels.region }}) serves a /metrics snapshot {{ $value | humanizeDuration }} "
               "old: its renders fail (pathprobe_scrape_render_errors_total; the log has the traceback) or stall, so "
-              "its results and alerts no longer change.", p.snapshot_stale_for),
+              "its results and alerts no longer change.", p.snapshot_stale_for, scope="host"),
     ]  # fmt: skip
 
 

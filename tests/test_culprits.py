@@ -1,0 +1,280 @@
+"""Culprits: the localizing rules name the host, zone, region pair or Transit Gateway attachment
+behind a fault, and Alertmanager turns the fault into one notification.
+
+The rules run in promtool over synthetic series of two meshes: a small one with three regions,
+two zones in one of them and Transit Gateway paths (each fault of the runbook's "Culprits"
+section), and bench/fleet.py's 1,000 hosts in 30 regions under the hierarchical policy. Then a
+real Alertmanager on alerts/alertmanager.yml receives the culprit's alert with the per-path
+alerts of its bad paths, and must hold the culprit's alone as not inhibited.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from helpers import wait_for
+from pathprobe.monitoring import rules
+from pathprobe.monitoring.params import Params
+from pathprobe_lab import demo
+
+REPO = Path(__file__).parents[1]
+
+AM = REPO / "alerts" / "alertmanager.yml"
+FAULT_AT, EVAL_AT, MINUTES = 10, 25, 30  # minutes: the fault starts, the rules are read, the series end
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    region: str
+    zone: str
+    attachment: str = ""  # its VPC's Transit Gateway attachment
+
+
+@dataclass(frozen=True)
+class Path_:
+    src: Host
+    dst: Host
+    path_class: str
+
+    def labels(self) -> dict[str, str]:
+        """The labels of the path's series: the source's target labels and the peer's."""
+        return {"job": "pathprobe", "instance": f"{self.src.name}:9469", "host": self.src.name,
+                "region": self.src.region, "zone": self.src.zone, "peer": self.dst.name,
+                "peer_region": self.dst.region, "path_class": self.path_class}  # fmt: skip
+
+    def info(self) -> dict[str, str]:
+        tgw = self.path_class == "transit_gateway"
+        return {
+            **self.labels(),
+            "peer_zone": self.dst.zone,
+            "address": "198.18.0.1",
+            "attachment": self.src.attachment if tgw else "",
+            "peer_attachment": self.dst.attachment if tgw else "",
+        }
+
+
+# The small mesh: Tokyo in two zones, Osaka and Singapore in one zone each; a full mesh. Tokyo's 1c
+# hosts, Osaka's and Singapore's are in three VPCs attached to Transit Gateways (three, so that an
+# attachment's fault differs from its one peer's: with two, the same paths would cross both).
+SMALL = [Host("tokyo-a1", "ap-northeast-1", "ap-northeast-1a"), Host("tokyo-a2", "ap-northeast-1", "ap-northeast-1a"),
+         Host("tokyo-c1", "ap-northeast-1", "ap-northeast-1c", "tgw-attach-tokyo"),
+         Host("tokyo-c2", "ap-northeast-1", "ap-northeast-1c", "tgw-attach-tokyo"),
+         Host("osaka-a1", "ap-northeast-3", "ap-northeast-3a", "tgw-attach-osaka"),
+         Host("osaka-a2", "ap-northeast-3", "ap-northeast-3a", "tgw-attach-osaka"),
+         Host("singapore-a1", "ap-southeast-1", "ap-southeast-1a", "tgw-attach-singapore"),
+         Host("singapore-a2", "ap-southeast-1", "ap-southeast-1a", "tgw-attach-singapore")]  # fmt: skip
+
+
+def path_class(a: Host, b: Host) -> str:
+    if a.attachment and b.attachment and a.attachment != b.attachment:
+        return "transit_gateway"
+    return "intra_region" if a.region == b.region else "inter_region"
+
+
+def small_mesh() -> list[Path_]:
+    return [Path_(a, b, path_class(a, b)) for a in SMALL for b in SMALL if a is not b]
+
+
+def _series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
+    body = ",".join(f'{k}="{v}"' for k, v in labels.items() if v)
+    return {"series": f"{name}{{{body}}}", "values": values}
+
+
+def _counter(per_minute: float, faulty_per_minute: float) -> str:
+    """A counter's values: per_minute until the fault, then faulty_per_minute."""
+    before = per_minute * (FAULT_AT - 1)
+    return f"0+{per_minute:g}x{FAULT_AT - 1} {before:g}+{faulty_per_minute:g}x{MINUTES - FAULT_AT + 1}"
+
+
+def input_series(paths: list[Path_], fault: dict[Path_, tuple[str, float]], down: str = "") -> list[dict[str, str]]:
+    """Every path's peer_info and its signals: idle UDP echoes (600 a minute) on every path, a
+    throughput test where the fault is a ratio. fault: path -> ("ratio", measured/expected) or
+    ("loss", ratio). `down`: a host whose exporter stops at the fault (its own series go stale)
+    and whose peers' probes to it fail."""
+    out = []
+    for path in paths:
+        labels, kind, amount = path.labels(), *fault.get(path, ("", 0.0))
+        gone = path.src.name == down
+        end = " stale" if gone else ""
+        out.append(_series("pathprobe_peer_info", path.info(), f"1x{FAULT_AT - 1}{end}" if gone else f"1x{MINUTES}"))
+        if gone:
+            continue
+        idle = {**labels, "state": "idle"}
+        lost = 600 * (amount if kind == "loss" else 1.0 if path.dst.name == down else 0.0)
+        out.append(_series("pathprobe_udp_packets_sent_total", idle, _counter(600, 600)))
+        out.append(_series("pathprobe_udp_packets_lost_total", idle, _counter(0, lost)))
+        if path.dst.name == down:
+            rtt = {**labels, "probe": "rtt"}
+            out.append(_series("pathprobe_probe_runs_total", {**rtt, "result": "ok"}, _counter(60, 0)))
+            out.append(_series("pathprobe_probe_runs_total", {**rtt, "result": "timeout"}, _counter(0, 60)))
+        if kind == "ratio":
+            test = {**labels, "protocol": "tcp", "streams": "1", "direction": "send"}
+            out.append(_series("pathprobe_throughput_bytes_per_second", test,
+                               f"100x{FAULT_AT - 1} {100 * amount:g}x{MINUTES - FAULT_AT + 1}"))  # fmt: skip
+            out.append(_series("pathprobe_throughput_expected_bytes_per_second", {**test, "limit": "per_flow"},
+                               f"100x{MINUTES}"))  # fmt: skip
+    return out
+
+
+def culprit_labels(scope: str, severity: str, **labels: str) -> dict[str, str]:
+    """The labels of a culprit's alert (the ingress forms' peer-side copies, a zone's peer_zone)."""
+    if labels.get("side") == "ingress":
+        labels |= (
+            {"host": labels["host"], "peer": labels["host"]}
+            if scope == "host"
+            else {"peer_attachment": labels["attachment"]}
+        )
+    if scope == "zone":
+        labels["peer_zone"] = labels["zone"]
+    return {"alertname": rules.CULPRIT_ALERTS[scope], "severity": severity, "scope": scope, **labels}
+
+
+def promtool_case(paths: list[Path_], fault: dict[Path_, tuple[str, float]], named: list[dict[str, str]],
+                  down: str = "") -> dict[str, Any]:  # fmt: skip
+    """One promtool test: no culprit alert before the fault, exactly `named` (their labels) firing after."""
+    culprits = 'ALERTS{alertstate="firing", scope=~"host|zone|region_pair|transit_gateway"}'
+    samples = [{"labels": "ALERTS{" + ",".join(f'{k}="{v}"' for k, v in {**n, "alertstate": "firing"}.items()) + "}",
+                "value": 1} for n in named]  # fmt: skip
+    return {"interval": "1m", "input_series": input_series(paths, fault, down), "promql_expr_test": [
+        {"expr": culprits, "eval_time": f"{FAULT_AT - 1}m", "exp_samples": []},
+        {"expr": culprits, "eval_time": f"{EVAL_AT}m", "exp_samples": samples}]}  # fmt: skip
+
+
+def run_promtool(tmp: Path, tests: list[dict[str, Any]]) -> None:
+    (tmp / "pathprobe.rules.yml").write_text(rules.dump(Params()))
+    (tmp / "culprits.test.yml").write_text(yaml.safe_dump(
+        {"rule_files": ["pathprobe.rules.yml"], "evaluation_interval": "1m", "tests": tests}, width=10000))  # fmt: skip
+    out = subprocess.run(["promtool", "test", "rules", str(tmp / "culprits.test.yml")], capture_output=True,
+                         text=True, check=False, timeout=900)  # fmt: skip
+    assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]
+
+
+def between(paths: list[Path_], src: str = "", dst: str = "", **where: str) -> list[Path_]:
+    """The paths whose source is `src` (a host), destination `dst`, and whose other fields match
+    (src_region, dst_region, src_zone, dst_zone, src_attachment, path_class); a zone matches either end."""
+
+    def ok(p: Path_) -> bool:
+        checks = {"src": p.src.name, "dst": p.dst.name, "src_region": p.src.region, "dst_region": p.dst.region,
+                  "src_attachment": p.src.attachment, "path_class": p.path_class}  # fmt: skip
+        given = {"src": src, "dst": dst, **where}
+        zone = given.pop("zone", "")
+        return all(checks[k] == v for k, v in given.items() if v) and (not zone or zone in (p.src.zone, p.dst.zone))
+
+    return [p for p in paths if ok(p)]
+
+
+MESH = small_mesh()
+TOKYO, OSAKA = "ap-northeast-1", "ap-northeast-3"
+# Each fault of the runbook, on the small mesh: the paths it degrades and the culprit to name.
+SMALL_CASES = {
+    "a host's egress at a fifth": (
+        {p: ("ratio", 0.2) for p in between(MESH, src="tokyo-a1")},
+        [culprit_labels("host", "critical", side="egress", host="tokyo-a1", region=TOKYO, zone="ap-northeast-1a")]),
+    "the same host's ingress at a fifth": (
+        {p: ("ratio", 0.2) for p in between(MESH, dst="tokyo-a1")},
+        [culprit_labels("host", "critical", side="ingress", host="tokyo-a1", region=TOKYO, zone="ap-northeast-1a")]),
+    "a region pair halved": (
+        {p: ("ratio", 0.55) for p in between(MESH, src_region=TOKYO, dst_region=OSAKA)},
+        [culprit_labels("region_pair", "warning", region=TOKYO, peer_region=OSAKA)]),
+    "a zone's paths at 3% loss": (
+        {p: ("loss", 0.03) for p in between(MESH, zone="ap-northeast-1c")},
+        [culprit_labels("zone", "warning", zone="ap-northeast-1c", region=TOKYO)]),
+    "a Transit Gateway attachment halved": (
+        {p: ("ratio", 0.55) for p in between(MESH, src_attachment="tgw-attach-tokyo", path_class="transit_gateway")},
+        [culprit_labels("transit_gateway", "warning", side="egress", attachment="tgw-attach-tokyo", region=TOKYO)]),
+    "one path alone": ({p: ("ratio", 0.2) for p in between(MESH, src="tokyo-a2", dst="osaka-a1")}, []),
+}  # fmt: skip
+
+
+def test_each_fault_of_the_small_mesh_names_its_culprit_alone(tmp_path: Path) -> None:
+    run_promtool(tmp_path, [promtool_case(MESH, fault, named) for fault, named in SMALL_CASES.values()])
+
+
+def per_path_alerts(fault: dict[Path_, tuple[str, float]]) -> list[dict[str, str]]:
+    """The per-path alerts of the faulty paths, with the labels the rules give them (rules.PATH_SIDES)."""
+    out = []
+    for path, (kind, amount) in fault.items():
+        info = {k: v for k, v in path.info().items() if v and k != "address"}
+        if kind == "ratio":
+            name, severity = (
+                ("PathprobeThroughputFarBelowExpected", "critical")
+                if amount < 0.5
+                else ("PathprobeThroughputBelowExpected", "warning")
+            )
+            info |= {"protocol": "tcp", "streams": "1", "direction": "send"}
+        else:
+            name, severity = "PathprobePacketLossHigh", "warning"
+        out.append({"alertname": name, "severity": severity, "scope": "path", **info})
+    return out
+
+
+@pytest.fixture(scope="module")
+def alertmanager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real Alertmanager on the production routing and inhibitions (its receivers made webhooks
+    to a closed port: this test reads its API, not its notifications)."""
+    work = tmp_path_factory.mktemp("am")
+    (work / "alertmanager.yml").write_text(yaml.safe_dump(demo.alertmanager_config("http://127.0.0.1:9/alerts", AM)))
+    port = 19293
+    proc = subprocess.Popen([demo.binary("prometheus-alertmanager", "alertmanager"),
+                             f"--config.file={work / 'alertmanager.yml'}", f"--storage.path={work / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        demo.wait_ready(f"{url}/-/ready", "Alertmanager")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _api(url: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as r:
+        return json.loads(r.read() or b"null")
+
+
+@pytest.mark.parametrize("case", [c for c, (_, named) in SMALL_CASES.items() if named])
+def test_alertmanager_holds_the_culprit_alone(alertmanager: str, case: str) -> None:
+    fault, named = SMALL_CASES[case]
+    # Each case its own instance of the labels, so that one case's alerts cannot inhibit another's.
+    alerts = [{"labels": {**a, "case": case}} for a in [*named, *per_path_alerts(fault)]]
+    _api(f"{alertmanager}/api/v2/alerts", alerts)
+    try:
+        held_alone(alertmanager, case, alerts, named)
+    finally:  # resolved, so that this case's culprit inhibits nothing of the next one's
+        ended = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 1))
+        _api(f"{alertmanager}/api/v2/alerts", [{**a, "endsAt": ended} for a in alerts])
+
+
+def held_alone(alertmanager: str, case: str, alerts: list[dict[str, Any]], named: list[dict[str, str]]) -> None:
+
+    def held() -> list[dict[str, str]] | None:
+        query = f"{alertmanager}/api/v2/alerts?active=true&inhibited=false&silenced=false"
+        mine = [a["labels"] for a in _api(query) if a["labels"].get("case") == case]
+        inhibited = _api(f"{alertmanager}/api/v2/alerts?active=false&inhibited=true&silenced=false")
+        return (
+            mine
+            if len(mine) + len([a for a in inhibited if a["labels"].get("case") == case]) == len(alerts)
+            and len(mine) == len(named)
+            else None
+        )
+
+    got = wait_for("the per-path alerts inhibited", held, timeout=30, every=0.5)
+    assert [a["alertname"] for a in got] == [n["alertname"] for n in named], got
+    groups = [g for g in _api(f"{alertmanager}/api/v2/alerts/groups?inhibited=false&silenced=false")
+              if any(a["labels"].get("case") == case for a in g["alerts"])]  # fmt: skip
+    # One notification per receiver its route names: a page and the region's channel for a critical one.
+    assert len(groups) == (2 if named[0]["severity"] == "critical" else 1), groups
