@@ -10,8 +10,12 @@ alerts of its bad paths, and must hold the culprit's alone as not inhibited.
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import subprocess
+import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -23,11 +27,15 @@ import pytest
 import yaml
 
 from helpers import wait_for
+from pathprobe import promql
+from pathprobe.mesh import Member, links
 from pathprobe.monitoring import rules
 from pathprobe.monitoring.params import Params
 from pathprobe_lab import demo
 
 REPO = Path(__file__).parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from fleet import HIER2, fleet  # noqa: E402 - bench/ is not a package
 
 AM = REPO / "alerts" / "alertmanager.yml"
 FAULT_AT, EVAL_AT, MINUTES = 10, 25, 30  # minutes: the fault starts, the rules are read, the series end
@@ -84,6 +92,15 @@ def path_class(a: Host, b: Host) -> str:
 
 def small_mesh() -> list[Path_]:
     return [Path_(a, b, path_class(a, b)) for a in SMALL for b in SMALL if a is not b]
+
+
+def fleet_mesh() -> list[Path_]:
+    """bench/fleet.py's 1,000 hosts in 30 regions (three zones each), hierarchical with two
+    representatives per region pair: each link probed both ways."""
+    members: list[Member] = fleet(1000, 30)
+    hosts = {m.name: Host(m.name, m.region, m.zone) for m in members}
+    return [Path_(hosts[a], hosts[b], path_class(hosts[a], hosts[b]))
+            for x, y in sorted(links(members, HIER2)) for a, b in ((x, y), (y, x))]  # fmt: skip
 
 
 def _series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
@@ -251,10 +268,18 @@ def test_alertmanager_holds_the_culprit_alone(alertmanager: str, case: str) -> N
     fault, named = SMALL_CASES[case]
     # Each case its own instance of the labels, so that one case's alerts cannot inhibit another's.
     alerts = [{"labels": {**a, "case": case}} for a in [*named, *per_path_alerts(fault)]]
+    with posted(alertmanager, alerts):
+        held_alone(alertmanager, case, alerts, named)
+
+
+@contextlib.contextmanager
+def posted(alertmanager: str, alerts: list[dict[str, Any]]) -> Iterator[None]:
+    """The alerts firing at Alertmanager, then resolved (so that one test's culprit inhibits
+    nothing of the next one's)."""
     _api(f"{alertmanager}/api/v2/alerts", alerts)
     try:
-        held_alone(alertmanager, case, alerts, named)
-    finally:  # resolved, so that this case's culprit inhibits nothing of the next one's
+        yield
+    finally:
         ended = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 1))
         _api(f"{alertmanager}/api/v2/alerts", [{**a, "endsAt": ended} for a in alerts])
 
@@ -278,3 +303,174 @@ def held_alone(alertmanager: str, case: str, alerts: list[dict[str, Any]], named
               if any(a["labels"].get("case") == case for a in g["alerts"])]  # fmt: skip
     # One notification per receiver its route names: a page and the region's channel for a critical one.
     assert len(groups) == (2 if named[0]["severity"] == "critical" else 1), groups
+
+
+# --- 1,000 hosts through a real Prometheus ---------------------------------------------
+# promtool's rule unit tests cap each query at a fixed number of samples (not configurable in
+# promtool 2.42): the fleet's 34,080 paths exceed it at the first rule. So the fleet runs through a
+# real Prometheus that scrapes its series from one synthetic target and evaluates the shipped rules
+# (windows of seconds, as the lab's), and a real Alertmanager on the production routing sends what
+# passes its inhibitions to a webhook.
+PROM_PORT, AM_PORT, WEBHOOK_PORT, FLEET_PORT = 19390, 19393, 19398, 19399
+FLEET_PARAMS = Params(loss_window="30s", loss_for="20s", unreachable_window="30s", unreachable_for="20s",
+                      culprit_for="10s", evaluation_interval="5s", baseline_evaluation_interval="30s",
+                      rtt_baseline_window="15m", rtt_baseline_step="30s")  # fmt: skip
+ECHOES_PER_SECOND = 10
+
+
+class FleetExporters:
+    """The 1,000 exporters' series as one exposition (labels of each exporter in it: honor_labels):
+    UDP echo counters of every path and its peer_info, from the time it started; after `fault()`,
+    the faulty paths' loss and the down host's absence (its peers' RTT probes to it time out)."""
+
+    def __init__(self, paths: list[Path_]) -> None:
+        self.paths, self.started = paths, time.time()
+        self.fault_at: float | None = None
+        self.loss: dict[Path_, float] = {}
+        self.down = ""
+
+    def fault(self, loss: dict[Path_, float], down: str) -> None:
+        self.loss, self.down, self.fault_at = loss, down, time.time()
+
+    def exposition(self) -> bytes:
+        now = time.time()
+        since_fault = 0.0 if self.fault_at is None else now - self.fault_at
+        sent = ECHOES_PER_SECOND * (now - self.started)
+        lines = []
+        for path in self.paths:
+            if path.src.name == self.down and since_fault:
+                continue
+            labels = ",".join(f'{k}="{v}"' for k, v in path.info().items() if v)
+            idle = f'{labels},state="idle"'
+            into_down = path.dst.name == self.down and since_fault
+            lost = ECHOES_PER_SECOND * since_fault * (1.0 if into_down else self.loss.get(path, 0.0))
+            lines += [f"pathprobe_peer_info{{{labels}}} 1", f"pathprobe_udp_packets_sent_total{{{idle}}} {sent:.0f}",
+                      f"pathprobe_udp_packets_lost_total{{{idle}}} {lost:.0f}"]  # fmt: skip
+            if into_down:
+                ok = ECHOES_PER_SECOND * (now - self.started - since_fault)
+                lines += [f'pathprobe_probe_runs_total{{{labels},probe="rtt",result="ok"}} {ok:.0f}',
+                          f'pathprobe_probe_runs_total{{{labels},probe="rtt",result="timeout"}} '
+                          f"{ECHOES_PER_SECOND * since_fault:.0f}"]  # fmt: skip
+        return ("\n".join(lines) + "\n").encode()
+
+
+@pytest.fixture(scope="module")
+def fleet_monitoring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FleetExporters, str, Path]]:
+    work = tmp_path_factory.mktemp("fleet")
+    exporters = FleetExporters(fleet_mesh())
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = exporters.exposition()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", FLEET_PORT), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    log = work / "notifications.log"
+    log.touch()
+    webhook = demo.start_webhook(log, WEBHOOK_PORT)
+    (work / "rules.yml").write_text(rules.dump(FLEET_PARAMS))
+    (work / "alertmanager.yml").write_text(yaml.safe_dump(
+        demo.alertmanager_config(f"http://127.0.0.1:{WEBHOOK_PORT}/alerts", AM)))  # fmt: skip
+    (work / "prometheus.yml").write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "5s", "evaluation_interval": "5s"},
+        "rule_files": [str(work / "rules.yml")],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{AM_PORT}"]}]}]},
+        "scrape_configs": [{"job_name": "pathprobe", "honor_labels": True,
+                            "static_configs": [{"targets": [f"127.0.0.1:{FLEET_PORT}"]}]}]}))  # fmt: skip
+    procs = [
+        subprocess.Popen([demo.binary("prometheus-alertmanager", "alertmanager"),
+                          f"--config.file={work / 'alertmanager.yml'}", f"--storage.path={work / 'am'}",
+                          f"--web.listen-address=127.0.0.1:{AM_PORT}", "--cluster.listen-address="],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+        subprocess.Popen([demo.binary("prometheus"), f"--config.file={work / 'prometheus.yml'}",
+                          f"--storage.tsdb.path={work / 'prom'}", f"--web.listen-address=127.0.0.1:{PROM_PORT}"],
+                         stdout=subprocess.DEVNULL, stderr=(work / "prometheus.log").open("w")),
+    ]  # fmt: skip
+    try:
+        demo.wait_ready(f"http://127.0.0.1:{AM_PORT}/-/ready", "Alertmanager")
+        demo.wait_ready(f"http://127.0.0.1:{PROM_PORT}/-/ready", "Prometheus")
+        yield exporters, f"http://127.0.0.1:{PROM_PORT}", log
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=60)
+        webhook.shutdown()
+        server.shutdown()
+
+
+def firing(prom: str, scope: str) -> set[tuple[tuple[str, str], ...]]:
+    """The firing alerts of a scope (path, or the culprits' scopes as a regular expression), as label sets."""
+    found = promql.query(prom, f'ALERTS{{alertstate="firing", scope=~"{scope}"}}')
+    return {tuple(sorted((k, v) for k, v in a["metric"].items() if k not in ("__name__", "alertstate")))
+            for a in found}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_1000_host_fleet_names_each_of_three_faults_and_pages_once_for_each(
+    fleet_monitoring: tuple[FleetExporters, str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    exporters, prom, log = fleet_monitoring
+    culprits = "host|zone|region_pair|transit_gateway"
+    # Healthy: every path evaluated (its state recorded) and nothing firing, for a loss window and more.
+    paths = len(exporters.paths)
+    wait_for("every path's state", lambda: (found := promql.query(prom, f"count({rules.BAD})"))
+             and int(float(found[0]["value"][1])) == paths, timeout=120)  # fmt: skip
+    time.sleep(35)  # the loss window (30 s) filled with healthy echoes, so that silence means something
+    assert not promql.query(prom, "ALERTS"), promql.query(prom, "ALERTS")
+
+    # Three faults at once, in different parts of the fleet: a host down, a region pair and a zone at 3% loss.
+    down, zone, pair = "h0031", "region-07b", ("region-02", "region-05")
+    loss = {p: 0.03 for p in between(exporters.paths, src_region=pair[0], dst_region=pair[1])}
+    loss |= {p: 0.03 for p in between(exporters.paths, zone=zone) if down not in (p.src.name, p.dst.name)}
+    expected = [culprit_labels("host", "critical", side="ingress", host=down, region="region-01", zone="region-01b"),
+                culprit_labels("region_pair", "warning", region=pair[0], peer_region=pair[1]),
+                culprit_labels("zone", "warning", zone=zone, region="region-07")]  # fmt: skip
+    want = {tuple(sorted(e.items())) for e in expected}
+    exporters.fault(loss, down)
+    faulted = time.monotonic()
+    wait_for("the three culprits", lambda: firing(prom, culprits) == want or None, timeout=180)
+    named_after = time.monotonic() - faulted
+    # The per-path alerts of the bad paths fire too (in Prometheus), and no other culprit is named.
+    wait_for("the per-path alerts", lambda: len(firing(prom, "path")) >= len(loss), timeout=180)
+    assert firing(prom, culprits) == want
+    time.sleep(15)  # three of Alertmanager's group intervals (5 s) after the per-path alerts reached it
+    sent = [json.loads(line) for line in log.read_text().splitlines()]
+    notified = sorted((m["receiver"], a["labels"]["alertname"],
+                       a["labels"].get("host") or a["labels"].get("zone") or a["labels"]["region"])
+                      for m in sent for a in m["alerts"] if a["status"] == "firing")  # fmt: skip
+    # One notification per fault and receiver: the host down pages (and tells the channel); nothing per path.
+    assert notified == sorted([("pagerduty", "PathprobeHostDegraded", down),
+                               ("slack-network", "PathprobeHostDegraded", down),
+                               ("slack-network", "PathprobeRegionPairDegraded", pair[0]),
+                               ("slack-network", "PathprobeZoneDegraded", zone)]), notified  # fmt: skip
+    with capsys.disabled():
+        print(
+            f"\n1,000 hosts / 30 regions, hierarchical k=2 ({paths:,} paths): three faults at once, each culprit "
+            f"named after {named_after:.0f} s (culprit_for 10 s, loss window 30 s); "
+            f"{len(firing(prom, 'path'))} per-path alerts firing, all inhibited; {len(sent)} notifications"
+        )
+
+
+def test_a_host_down_is_its_exporter_down_alert_alone(alertmanager: str) -> None:
+    """A host that is down: its exporter's alert (scope host), its ingress culprit and its peers'
+    per-path alerts to it; Alertmanager holds the first alone (the culprit, though inhibited,
+    still inhibits the per-path ones)."""
+    down = SMALL[0]
+    into = between(MESH, dst=down.name)
+    exporter_down = {"alertname": "PathprobeExporterDown", "severity": "critical", "scope": "host",
+                     "job": "pathprobe", "instance": f"{down.name}:9469", "host": down.name, "region": down.region,
+                     "zone": down.zone}  # fmt: skip
+    culprit = culprit_labels("host", "critical", side="ingress", host=down.name, region=down.region, zone=down.zone)
+    unreachable = [{**a, "alertname": "PathprobePeerUnreachable", "severity": "critical"}
+                   for a in per_path_alerts({p: ("loss", 1.0) for p in into})]  # fmt: skip
+    alerts = [{"labels": {**a, "case": "down"}} for a in [exporter_down, culprit, *unreachable]]
+    with posted(alertmanager, alerts):
+        held_alone(alertmanager, "down", alerts, [exporter_down])

@@ -7,9 +7,10 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 from grafana_foundation_sdk.models.dashboard import DataTransformerConfig
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
+from pathprobe.monitoring import rules
 from pathprobe.monitoring.params import Params
 
-from .common import DS, HALF, QUARTER, dashboard, grid, query, steps
+from .common import DS, FULL, HALF, QUARTER, dashboard, grid, query, steps
 
 
 def build(p: Params) -> Dashboard:
@@ -25,6 +26,8 @@ def build(p: Params) -> Dashboard:
     return (
         dashboard(p, "pathprobe-overview", "pathprobe / Overview",
                   "Every path between regions at a glance: throughput against expected, RTT, loss, firing alerts.")
+        .with_row(Row("Culprits"))
+        .with_panel(culprits())
         .with_row(Row("Region x region"))
         .with_panel(grid(
             "Throughput / expected, one stream",
@@ -66,4 +69,33 @@ def build(p: Params) -> Dashboard:
                                fmt=PromQueryFormat.TABLE))
             .with_transformation(DataTransformerConfig(id_val="organize", options={"excludeByName": {
                 "Time": True, "Value": True, "__name__": True, "alertstate": True, "job": True}})))
+    )  # fmt: skip
+
+
+def culprits() -> table.Panel:
+    """The culprits named now (rules group pathprobe.culprits), one row each: scope, name, level,
+    since when (its alert's active-since time), and the evidence: bad paths of its paths."""
+    named = "culprit:pathprobe_culprit:level"
+    # Each query keeps the culprits' own labels, so that the merge joins them into one row each.
+    scopes = "|".join(rules.CULPRIT_ALERTS)
+    since = f'max without (alertname, severity) (ALERTS_FOR_STATE{{scope=~"{scopes}"}})'
+    return (
+        table.Panel().title("Culprits now")
+        .description("The host (egress or ingress), zone, region pair or Transit Gateway attachment most of whose "
+                     "paths are bad, as the culprit rules name it (alerts/runbook.md#culprits): level 2 critical, 1 "
+                     "warning; since: when its alert became active; bad paths of its paths. Empty: no shared fault; "
+                     "the per-path grid below shows any single bad path.")
+        .unit("short").datasource(DS).span(FULL).height(6)
+        .with_target(query(named, instant=True, fmt=PromQueryFormat.TABLE, ref="A"))
+        .with_target(query(since, instant=True, fmt=PromQueryFormat.TABLE, ref="B"))
+        .with_target(query(f"culprit:pathprobe_paths_bad:count and {named}", instant=True,
+                           fmt=PromQueryFormat.TABLE, ref="C"))
+        .with_target(query(f"culprit:pathprobe_paths:count and {named}", instant=True, fmt=PromQueryFormat.TABLE,
+                           ref="D"))
+        .with_transformation(DataTransformerConfig(id_val="merge", options={}))
+        .with_transformation(DataTransformerConfig(id_val="organize", options={
+            "excludeByName": {"Time": True},
+            "renameByName": {"Value #A": "level", "Value #B": "since", "Value #C": "bad paths", "Value #D": "paths"},
+            "indexByName": {"scope": 0, "side": 1, "host": 2, "zone": 3, "region": 4, "peer_region": 5,
+                            "attachment": 6, "Value #A": 7, "Value #B": 8, "Value #C": 9, "Value #D": 10}}))
     )  # fmt: skip
