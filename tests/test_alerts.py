@@ -63,12 +63,12 @@ def test_promtool_checks_and_unit_tests_pass() -> None:
 def test_every_alert_follows_the_mixin_style_and_is_unit_tested() -> None:
     runbook_sections = set(re.findall(r"^## (\w+)$", (ALERTS / "runbook.md").read_text(), re.M))
     tested = set(re.findall(r"alertname: (\w+)", (ALERTS / "tests" / "pathprobe.rules.test.yml").read_text()))
-    tested |= set(rules.CULPRIT_ALERTS.values())  # promtool over generated meshes: tests/test_culprits.py
+    # promtool over generated meshes: tests/test_culprits.py
+    tested |= {*rules.CULPRIT_ALERTS.values(), *rules.CULPRIT_CRITICAL_ALERTS.values()}
     for rule in alert_rules():
         name = rule["alert"]
         assert re.fullmatch(r"Pathprobe([A-Z][a-z0-9]+)+", name), name
-        # A culprit's severity follows its paths' (a template choosing between the two).
-        assert rule["labels"]["severity"] in ("warning", "critical", rules.CULPRIT_SEVERITY), name
+        assert rule["labels"]["severity"] in ("warning", "critical"), name
         assert rule["labels"]["scope"] in rules.SCOPES, name
         assert {"summary", "description", "runbook_url"} <= set(rule["annotations"]), name
         assert rule["annotations"]["runbook_url"].endswith("#" + name.lower()), name

@@ -76,9 +76,10 @@ def culprits() -> table.Panel:
     """The culprits named now (rules group pathprobe.culprits), one row each: scope, name, level,
     since when (its alert's active-since time), and the evidence: bad paths of its paths."""
     named = "culprit:pathprobe_culprit:level"
-    # Each query keeps the culprits' own labels, so that the merge joins them into one row each.
-    scopes = "|".join(rules.CULPRIT_ALERTS)
-    since = f'max without (alertname, severity) (ALERTS_FOR_STATE{{scope=~"{scopes}"}})'
+    # Each query keeps the culprits' own labels and no metric name, so that the merge joins them
+    # into one row each; since: its warning alert's (it fires first and stays while the culprit is named).
+    alerts = "|".join(rules.CULPRIT_ALERTS.values())
+    since = f'max without (alertname, severity) (ALERTS_FOR_STATE{{alertname=~"{alerts}"}})'
     return (
         table.Panel().title("Culprits now")
         .description("The host (egress or ingress), zone, region pair or Transit Gateway attachment most of whose "
@@ -86,12 +87,12 @@ def culprits() -> table.Panel:
                      "warning; since: when its alert became active; bad paths of its paths. Empty: no shared fault; "
                      "the per-path grid below shows any single bad path.")
         .unit("short").datasource(DS).span(FULL).height(6)
-        .with_target(query(named, instant=True, fmt=PromQueryFormat.TABLE, ref="A"))
+        .with_target(query(f"max without () ({named})", instant=True, fmt=PromQueryFormat.TABLE, ref="A"))
         .with_target(query(since, instant=True, fmt=PromQueryFormat.TABLE, ref="B"))
-        .with_target(query(f"culprit:pathprobe_paths_bad:count and {named}", instant=True,
+        .with_target(query(f"max without () (culprit:pathprobe_paths_bad:count and {named})", instant=True,
                            fmt=PromQueryFormat.TABLE, ref="C"))
-        .with_target(query(f"culprit:pathprobe_paths:count and {named}", instant=True, fmt=PromQueryFormat.TABLE,
-                           ref="D"))
+        .with_target(query(f"max without () (culprit:pathprobe_paths:count and {named})", instant=True,
+                           fmt=PromQueryFormat.TABLE, ref="D"))
         .with_transformation(DataTransformerConfig(id_val="merge", options={}))
         .with_transformation(DataTransformerConfig(id_val="organize", options={
             "excludeByName": {"Time": True},

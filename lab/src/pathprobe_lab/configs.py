@@ -126,6 +126,7 @@ def lab_alert_params(rotation_seconds: float, rtt_window_seconds: int = 300) -> 
         "rtt_recent_window": "90s" if rtt_window == "1m" else "1m",
         "baseline_evaluation_interval": "30s",
         "partial_failure_for": "60s",  # longer than any self-inflicted loss of a test (a flow counts 32 packets)
+        "culprit_for": "15s",  # shorter than the per-path alerts' 30 s, as in production
         "mtu_memory": "15m",
         "evaluation_interval": "5s",
     })  # fmt: skip

@@ -175,11 +175,13 @@ BAD = "path:pathprobe_path_bad:level"
 # Bad paths that a named zone or host culprit explains (value: the path's level).
 EXPLAINED = "path:pathprobe_path_explained:level"
 CULPRIT = "culprit:pathprobe_culprit:level"
-# A culprit's alert is critical when most of its paths are bad at a critical threshold (the value 2).
-CULPRIT_SEVERITY = "{{ if ge $value 2.0 }}critical{{ else }}warning{{ end }}"
+# A culprit's alerts by scope: the warning one while it is named, the critical one while most of its
+# paths are bad at a critical threshold too (the level 2). Two alerts, not one whose severity follows
+# the level: a label that changes starts a new alert, and its `for` would leave a gap in the inhibitions.
 CULPRIT_ALERTS = {"host": "PathprobeHostDegraded", "zone": "PathprobeZoneDegraded",
                   "region_pair": "PathprobeRegionPairDegraded",
                   "transit_gateway": "PathprobeTransitGatewayAttachmentDegraded"}  # fmt: skip
+CULPRIT_CRITICAL_ALERTS = {scope: name.replace("Degraded", "Failing") for scope, name in CULPRIT_ALERTS.items()}
 PATHS, PATHS_BAD, PATHS_CRITICAL = ("culprit:pathprobe_paths:count", "culprit:pathprobe_paths_bad:count",
                                     "culprit:pathprobe_paths_critical:count")  # fmt: skip
 # The source's labels that identify a path (the target labels and the peer).
@@ -238,10 +240,13 @@ def _named(p: Params, scope: str, bad: str) -> str:
 
 
 def _path_level(p: Params) -> str:
-    """Each path's state from its signals (the alerts' own thresholds and windows): 0 good, 1 bad,
-    2 bad at a critical threshold (throughput, loss) or unreachable; with every label of the path."""
+    """Each path's state from its signals, at the alerts' own thresholds (throughput: its latest test,
+    not the alerts' window of tests): 0 good, 1 bad, 2 bad at a critical threshold (throughput, loss)
+    or unreachable; with every label of the path. Loss, RTT and reachability are round trips: a fault
+    on them marks both directions of a path."""
     sel, idle = p.selector, f'{p.selector}, state="idle"'
-    ratio = f"min by ({SOURCE}) (path:pathprobe_throughput_expected_ratio:last)"
+    # Tests this host sent: a receive test measures the peer's egress under this host's labels.
+    ratio = f'min by ({SOURCE}) (path:pathprobe_throughput_expected_ratio:last{{direction="send"}})'
     loss = (
         f"sum by ({SOURCE}) (increase(pathprobe_udp_packets_lost_total{{{idle}}}[{p.loss_window}]))\n"
         f"  / sum by ({SOURCE}) (increase(pathprobe_udp_packets_sent_total{{{idle}}}[{p.loss_window}]))"
@@ -292,12 +297,15 @@ def _culprits(p: Params) -> list[dict[str, Any]]:
     by_attachment = [explains("transit_gateway", "egress", "attachment"),
                      explains("transit_gateway", "ingress", "peer_attachment")]  # fmt: skip
     host_bad = PATHS_BAD + '{scope="host"}'
+    zone_named = _named(p, "zone", PATHS_BAD + '{scope="zone"}')
+    zone_hosts = f'count by (zone) (count by (zone, host) ({BAD}{{zone!=""}}))'
     return [
         {"record": BAD, "expr": _path_level(p)},
         {"record": PATHS, "expr": "\nor ".join(_candidates("count", level).values())},
         {"record": PATHS_BAD, "expr": "\nor ".join(_candidates("sum", lambda m: level(m, " >= bool 1")).values())},
         {"record": PATHS_CRITICAL, "expr": "\nor ".join(_candidates("sum", lambda m: level(m, " >= bool 2")).values())},
-        {"record": CULPRIT, "expr": _named(p, "zone", PATHS_BAD + '{scope="zone"}'), "labels": {"scope": "zone"}},
+        # A zone of one (measuring) host is that host: its own culprit names it.
+        {"record": CULPRIT, "expr": f"{zone_named}\nand on (zone) {zone_hosts} >= 2", "labels": {"scope": "zone"}},
         {"record": CULPRIT, "expr": f'({_named(p, "host", host_bad)})\nunless on (zone) {CULPRIT}{{scope="zone"}}',
          "labels": {"scope": "host"}},
         {"record": EXPLAINED, "expr": "\nor ".join(by_zone_or_host)},
@@ -309,8 +317,8 @@ def _culprits(p: Params) -> list[dict[str, Any]]:
 
 
 def _culprit_alerts(p: Params) -> list[Alert]:
-    """One alert per named culprit; each inhibits the per-path alerts it explains (alertmanager.yml)."""
-    severity = CULPRIT_SEVERITY
+    """Two alerts per scope of culprit (CULPRIT_ALERTS); each inhibits the per-path alerts it explains
+    (alertmanager.yml)."""
 
     def evidence(scope: str, *labels: str) -> str:
         match = ",".join(f"{name}='%s'" for name in labels)
@@ -318,33 +326,34 @@ def _culprit_alerts(p: Params) -> list[Alert]:
         counts = [
             f"{{{{ with printf \"{record}{{scope='{scope}',{match}}}\" {args} | query }}}}"
             "{{ . | first | value }}{{ end }}"
-            for record in (PATHS_BAD, PATHS)
+            for record in (PATHS_BAD, PATHS_CRITICAL, PATHS)
         ]
-        return f"{counts[0]} of its {counts[1]} paths are bad"
+        return f"{counts[0]} of its {counts[2]} paths are bad ({counts[1]} critically)"
 
-    host = evidence("host", "side", "host")
-    return [
-        Alert(CULPRIT_ALERTS["host"], f'{CULPRIT}{{scope="host"}}', severity,
-              "Most paths from (or to) one host are degraded: the host is the culprit.",
-              "{{ $labels.host }} ({{ $labels.region }} {{ $labels.zone }}), {{ $labels.side }}: " + host +
-              " (throughput below expected, loss, RTT above baseline or no answer), while the other paths of "
-              "its peers are not: check its instance allowances (pathprobe_ena_allowance_exceeded_total) first.",
-              p.culprit_for, scope="host"),
-        Alert(CULPRIT_ALERTS["zone"], f'{CULPRIT}{{scope="zone"}}', severity,
-              "Most paths from and to one availability zone are degraded.",
-              "{{ $labels.zone }} ({{ $labels.region }}): " + evidence("zone", "zone") +
-              ", from and to every host in it.", p.culprit_for, scope="zone"),
-        Alert(CULPRIT_ALERTS["region_pair"], f'{CULPRIT}{{scope="region_pair"}}', severity,
-              "Most paths from one region to another are degraded.",
-              "{{ $labels.region }} -> {{ $labels.peer_region }}: " + evidence("region_pair", "region", "peer_region")
-              + ", from hosts that reach their other peers well: the regions' interconnect, not a host.",
-              p.culprit_for, scope="region_pair"),
-        Alert(CULPRIT_ALERTS["transit_gateway"], f'{CULPRIT}{{scope="transit_gateway"}}', severity,
-              "Most paths over one Transit Gateway attachment are degraded.",
-              "{{ $labels.attachment }} ({{ $labels.region }}), {{ $labels.side }}: "
-              + evidence("transit_gateway", "side", "attachment") + " over it.",
-              p.culprit_for, scope="transit_gateway"),
-    ]  # fmt: skip
+    scopes = {
+        "host": ("one host", "{{ $labels.host }} ({{ $labels.region }} {{ $labels.zone }}), {{ $labels.side }}: "
+                 + evidence("host", "side", "host") + " (throughput below expected, loss, RTT above baseline or no "
+                 "answer), while its peers' other paths are not: check its instance allowances "
+                 "(pathprobe_ena_allowance_exceeded_total) first."),
+        "zone": ("one availability zone", "{{ $labels.zone }} ({{ $labels.region }}): " + evidence("zone", "zone")
+                 + ", from and to its hosts."),
+        "region_pair": ("the paths from one region to another", "{{ $labels.region }} -> {{ $labels.peer_region }}: "
+                        + evidence("region_pair", "region", "peer_region") + ", from hosts that reach their other "
+                        "peers well: the regions' interconnect, not a host."),
+        "transit_gateway": ("one Transit Gateway attachment", "{{ $labels.attachment }} ({{ $labels.region }}), "
+                            "{{ $labels.side }}: " + evidence("transit_gateway", "side", "attachment") + " over it."),
+    }  # fmt: skip
+    alerts = []
+    for scope, (what, description) in scopes.items():
+        named = f'{CULPRIT}{{scope="{scope}"}}'
+        alerts += [
+            Alert(CULPRIT_ALERTS[scope], named, "warning", f"Most paths through {what} are degraded: the culprit.",
+                  description, p.culprit_for, scope=scope),
+            Alert(CULPRIT_CRITICAL_ALERTS[scope], f"{named} == 2", "critical",
+                  f"Most paths through {what} fail (critical thresholds): the culprit.", description, p.culprit_for,
+                  scope=scope),
+        ]  # fmt: skip
+    return alerts
 
 
 def _throughput_alerts(p: Params) -> list[Alert]:
