@@ -116,7 +116,7 @@ def test_the_role_writes_no_exporter_default(tmp_path: Path) -> None:
     # Only what the role owns: the host, its peers, where /metrics listens, where state goes.
     assert set(written) == {"host", "peers", "web", "budget"}, written
     assert written["budget"] == {"state_file": "/var/lib/pathprobe/budget.json"}
-    peer_keys = {"name", "address", "region", "zone", "instance_type", "path_class"}
+    peer_keys = {"name", "address", "region", "zone", "instance_type", "transit_gateway_attachment", "path_class"}
     assert [p["name"] for p in written["peers"]] == ["b"] and set(written["peers"][0]) <= peer_keys
     cfg = config.load(out)
     model = config.Config(host=cfg.host, peers=cfg.peers)  # every section at the models' defaults

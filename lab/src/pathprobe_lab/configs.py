@@ -126,7 +126,9 @@ def lab_alert_params(rotation_seconds: float, rtt_window_seconds: int = 300) -> 
         "rtt_recent_window": "90s" if rtt_window == "1m" else "1m",
         "baseline_evaluation_interval": "30s",
         "partial_failure_for": "60s",  # longer than any self-inflicted loss of a test (a flow counts 32 packets)
-        "culprit_for": "15s",  # shorter than the per-path alerts' 30 s, as in production
+        # Well below the per-path alerts' 30 s, as in production: a culprit needs most of its paths
+        # bad, and the last of them crosses a 1-minute window's threshold some seconds after the first.
+        "culprit_for": "5s",
         "mtu_memory": "15m",
         "evaluation_interval": "5s",
     })  # fmt: skip
