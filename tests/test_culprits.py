@@ -327,7 +327,8 @@ def held_alone(alertmanager: str, case: str, alerts: list[dict[str, Any]], named
 # passes its inhibitions to a webhook.
 PROM_PORT, AM_PORT, WEBHOOK_PORT, FLEET_PORT = 19390, 19393, 19398, 19399
 # The per-path alerts' `for` well above the culprit's: a culprit needs most of its paths bad, and with
-# a 30 s window the last of them crosses its threshold some seconds after the first.
+# a 30 s window the last of them crosses its threshold some seconds after the first (the shipped
+# defaults: 10m against 3m).
 FLEET_PARAMS = Params(loss_window="30s", loss_for="45s", unreachable_window="30s", unreachable_for="45s",
                       culprit_for="5s", evaluation_interval="5s", baseline_evaluation_interval="30s",
                       rtt_baseline_window="15m", rtt_baseline_step="30s")  # fmt: skip

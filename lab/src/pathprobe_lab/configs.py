@@ -126,9 +126,9 @@ def lab_alert_params(rotation_seconds: float, rtt_window_seconds: int = 300) -> 
         "rtt_recent_window": "90s" if rtt_window == "1m" else "1m",
         "baseline_evaluation_interval": "30s",
         "partial_failure_for": "60s",  # longer than any self-inflicted loss of a test (a flow counts 32 packets)
-        # Well below the per-path alerts' 30 s, as in production: a culprit needs most of its paths
-        # bad, and the last of them crosses a 1-minute window's threshold some seconds after the first.
-        "culprit_for": "5s",
+        "culprit_for": "15s",  # below the per-path alerts' 30 s, as in production
+        # A rotation: each path's throughput alert resolves at its next test, before the culprit's.
+        "culprit_keep_firing_for": f"{int(rotation_seconds + 30)}s",
         "mtu_memory": "15m",
         "evaluation_interval": "5s",
     })  # fmt: skip

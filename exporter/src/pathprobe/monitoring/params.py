@@ -80,6 +80,12 @@ class Params(Strict):
     culprit_for: str = Field(
         default="3m", description="shorter than the per-path alerts' own, so that the culprit's page comes first"
     )
+    culprit_keep_firing_for: str = Field(
+        default="1h",
+        description="a culprit's alerts keep firing (and holding back its paths' alerts) this long after it is no "
+        "longer named, so that those alerts resolve first: at least one rotation of the schedule (a path's "
+        "throughput alert resolves at its next test)",
+    )
     evaluation_interval: str = Field(default="1m", description="of the rule groups but the baseline's")
     baseline_evaluation_interval: str = Field(
         default="5m", description="of the RTT baseline (a median over days changes slowly; its query is the largest)"

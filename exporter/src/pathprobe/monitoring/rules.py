@@ -56,6 +56,7 @@ class Alert:
     description: str
     for_: str | None = None
     scope: str = "path"
+    keep_firing_for: str | None = None
 
     def rule(self, p: Params) -> dict[str, Any]:
         expr = self.expr.strip()
@@ -64,6 +65,8 @@ class Alert:
         rule: dict[str, Any] = {"alert": self.name, "expr": expr}
         if self.for_:
             rule["for"] = self.for_
+        if self.keep_firing_for:
+            rule["keep_firing_for"] = self.keep_firing_for
         rule["labels"] = {"severity": self.severity, "scope": self.scope}
         rule["annotations"] = {
             "summary": self.summary,
@@ -348,10 +351,10 @@ def _culprit_alerts(p: Params) -> list[Alert]:
         named = f'{CULPRIT}{{scope="{scope}"}}'
         alerts += [
             Alert(CULPRIT_ALERTS[scope], named, "warning", f"Most paths through {what} are degraded: the culprit.",
-                  description, p.culprit_for, scope=scope),
+                  description, p.culprit_for, scope=scope, keep_firing_for=p.culprit_keep_firing_for),
             Alert(CULPRIT_CRITICAL_ALERTS[scope], f"{named} == 2", "critical",
                   f"Most paths through {what} fail (critical thresholds): the culprit.", description, p.culprit_for,
-                  scope=scope),
+                  scope=scope, keep_firing_for=p.culprit_keep_firing_for),
         ]  # fmt: skip
     return alerts
 
