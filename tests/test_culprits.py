@@ -1,11 +1,11 @@
 """Culprits: the localizing rules name the host, zone, region pair or Transit Gateway attachment
 behind a fault, and Alertmanager turns the fault into one notification.
 
-The rules run in promtool over synthetic series of two meshes: a small one with three regions,
-two zones in one of them and Transit Gateway paths (each fault of the runbook's "Culprits"
-section), and bench/fleet.py's 1,000 hosts in 30 regions under the hierarchical policy. Then a
-real Alertmanager on alerts/alertmanager.yml receives the culprit's alert with the per-path
-alerts of its bad paths, and must hold the culprit's alone as not inhibited.
+The rules run in promtool over synthetic series of a small mesh (three regions, two zones in one
+of them, Transit Gateway paths; one test per kind of fault), and a real Alertmanager on
+alerts/alertmanager.yml receives each culprit's alerts with the per-path alerts of its bad paths
+and must hold the culprit's alone as not inhibited. bench/fleet.py's 1,000 hosts in 30 regions
+run through a real Prometheus and Alertmanager (promtool cannot hold them: below).
 """
 
 from __future__ import annotations
@@ -123,8 +123,7 @@ def input_series(paths: list[Path_], fault: dict[Path_, tuple[str, float]], down
     for path in paths:
         labels, kind, amount = path.labels(), *fault.get(path, ("", 0.0))
         gone = path.src.name == down
-        end = " stale" if gone else ""
-        out.append(_series("pathprobe_peer_info", path.info(), f"1x{FAULT_AT - 1}{end}" if gone else f"1x{MINUTES}"))
+        out.append(_series("pathprobe_peer_info", path.info(), f"1x{FAULT_AT - 1} stale" if gone else f"1x{MINUTES}"))
         if gone:
             continue
         idle = {**labels, "state": "idle"}
