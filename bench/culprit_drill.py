@@ -25,7 +25,7 @@ import yaml
 
 from pathprobe import promql
 from pathprobe.monitoring import rules
-from pathprobe_lab import caps, demo, net, shaping
+from pathprobe_lab import demo, net, shaping
 from pathprobe_lab.configs import exporter_config, lab_alert_params, rotation_seconds
 from pathprobe_lab.state import State, in_ns, ns, spawn
 from pathprobe_lab.topology import PathSpec, Topology
@@ -91,15 +91,8 @@ def lossy(paths: list[tuple[str, str]], loss: float) -> Callable[[], None]:
 
 
 def attachment_cap(host: str, rate: float) -> Callable[[], None]:
-    def set_cap(value: float) -> None:
-        state = State.load()
-        assert state is not None
-        state.topology["hosts"][state.index(host) - 1]["transit_gateway_cap"] = value
-        state.save()
-        caps.apply(state.topo())
-
-    set_cap(rate)
-    return lambda: set_cap(TGW_CAP)
+    shaping.set_host_cap(State.load(), host, "transit_gateway_cap", rate)  # type: ignore[arg-type]
+    return lambda: shaping.set_host_cap(State.load(), host, "transit_gateway_cap", TGW_CAP)  # type: ignore[arg-type]
 
 
 def pairs(where: Callable[[str, str], bool]) -> list[tuple[str, str]]:

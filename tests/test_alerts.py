@@ -4,24 +4,28 @@ it, the alert resolves."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 from pydantic import ValidationError
 
-from helpers import in_host, scrape, start_exporter, topology, value, wait_for
+from helpers import in_host, scrape, start_exporter, value, wait_for
 from pathprobe import promql
 from pathprobe.monitoring import params, rules
 from pathprobe_lab import demo, net, shaping
-from pathprobe_lab.configs import exporter_config, lab_alert_params, rotation_seconds
+from pathprobe_lab.configs import METRICS_PORT, exporter_config, lab_alert_params, rotation_seconds
 from pathprobe_lab.state import ROUTER, State, in_ns
-from pathprobe_lab.topology import PathSpec, address
+from pathprobe_lab.topology import PathSpec, Topology, address
 
 ALERTS = Path(__file__).parents[1] / "alerts"
 RULES = ALERTS / "pathprobe.rules.yml"
@@ -86,7 +90,7 @@ def test_lab_rules_are_valid_too(tmp_path: Path) -> None:
 @pytest.mark.parametrize("rtt_window_seconds", [60, 300])
 def test_every_recording_rule_writes_its_own_series(rtt_window_seconds: int) -> None:
     """Two rules recording one name write one series twice: Prometheus keeps one and discards the other."""
-    for p in (params.Params(), lab_alert_params(rotation_seconds(DRILL, SLOT), rtt_window_seconds)):
+    for p in (params.Params(), lab_alert_params(ROTATION, rtt_window_seconds)):
         # A record's rule labels (the culprits' scope) tell its series apart.
         records = [(r["record"], str(r.get("labels"))) for g in yaml.safe_load(rules.dump(p))["groups"]
                    for r in g["rules"] if "record" in r]  # fmt: skip
@@ -124,294 +128,341 @@ def test_region_outage_is_grouped_into_one_notification() -> None:
     assert route["group_by"] == ["alertname", "region"]
 
 
-# --- fire drill ---------------------------------------------------------------------
-DRILL = topology("""
-hosts:
-  - {name: drill-a, region: ap-northeast-1, zone: ap-northeast-1a, instance_type: c6gn.xlarge}
-  - {name: drill-b, region: ap-northeast-3, zone: ap-northeast-3a, instance_type: c6gn.xlarge}
-paths:
-  - {between: [ap-northeast-1, ap-northeast-3], one_way_delay: 4ms}
-""")
+# --- fire drills ---------------------------------------------------------------------
+# Six drills on one lab, each on a pair of hosts of its own (NAME-a -> NAME-b), all but the delay
+# drill at once: CI waits for the longest, not for their sum. Each pair is the only path between
+# its two regions and each host a zone of its own, so no culprit can be named (a host, zone or
+# region pair needs two bad paths): every alert is a path's, and a drill's alerts are those that
+# name its pair's hosts. The lab changes one path's shaping without touching the others'
+# (shaping.set_path, set_host_cap); the drills that read no throughput run without its tests, so
+# that two tests at most share the lab's cores.
+REGIONS = ("ap-northeast-1", "ap-northeast-2", "ap-northeast-3", "ap-southeast-1")
+PAIRS = dict(zip(("fire", "flow", "loss", "rtt", "ecmp", "mtu"), itertools.combinations(REGIONS, 2), strict=True))
+THROUGHPUT_DRILLS = ("fire", "flow")
+
+
+def drill_topology() -> Topology:
+    zones: dict[str, int] = {}
+    hosts, paths = [], []
+    for name, (src_region, dst_region) in PAIRS.items():
+        for end, region in (("a", src_region), ("b", dst_region)):
+            zones[region] = zones.get(region, 0) + 1
+            hosts.append({"name": f"{name}-{end}", "region": region, "zone": f"{region}{'abcd'[zones[region] - 1]}",
+                          "instance_type": "c6gn.xlarge"})  # fmt: skip
+        paths.append({"between": [src_region, dst_region], "one_way_delay": "4ms"})
+    return Topology.model_validate({"hosts": hosts, "paths": paths})
+
+
+DRILL = drill_topology()
 SLOT = 26.0  # two tests (1 and 4 streams) of 1 + 2 s with a 3 s margin each and 1 s of jitter per half
+ROTATION = rotation_seconds(DRILL.model_copy(update={"hosts": DRILL.hosts[:2]}), SLOT)  # a pair: one slot
 # The exporters' RTT quantile window, and the rules' name for it: one minute, so that an added delay
 # moves the p50 within half a minute (the default window is five minutes).
 RTT_WINDOW = 60
 PROM_PORT, AM_PORT, WEBHOOK_PORT = 19190, 19193, 19198
 
 
+@dataclass(frozen=True)
+class Lab:
+    prom: str
+    log: Path  # the webhook's notifications, a JSON line each
+    params: params.Params
+    # One change to the shaping at a time: each reads, changes and writes the lab's state file.
+    shaping: threading.Lock
+
+
+def src_dst(drill: str) -> tuple[str, str]:
+    return f"{drill}-a", f"{drill}-b"
+
+
+def metrics_address(host: str) -> str:
+    return f"{address(next(i for i, h in enumerate(DRILL.hosts, start=1) if h.name == host))}:{METRICS_PORT}"
+
+
 @pytest.fixture(scope="module")
-def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     work = tmp_path_factory.mktemp("drill")
     net.up(DRILL)
-    for h in DRILL.hosts:
-        cfg = exporter_config(DRILL, h.name, work, SLOT, {
-            "throughput": {"streams": [1, 4], "duration_seconds": 2, "omit_seconds": 1},
-            "rtt": {"quantile_window_seconds": RTT_WINDOW},
-        })  # fmt: skip
-        start_exporter(h.name, cfg, work)
+    for name in PAIRS:
+        for host, peer in (src_dst(name), src_dst(name)[::-1]):
+            throughput = {"streams": [1, 4], "duration_seconds": 2, "omit_seconds": 1,
+                          "enabled": name in THROUGHPUT_DRILLS}  # fmt: skip
+            rtt = {"quantile_window_seconds": RTT_WINDOW}
+            cfg = exporter_config(DRILL, host, work, SLOT, {"throughput": throughput, "rtt": rtt})
+            cfg["peers"] = [p for p in cfg["peers"] if p["name"] == peer]
+            start_exporter(host, cfg, work)
     log = work / "alerts.log"
     log.touch()
     webhook = demo.start_webhook(log, WEBHOOK_PORT)
-    params = lab_alert_params(rotation_seconds(DRILL, SLOT), RTT_WINDOW)
-    prom, _ = demo.start_monitoring(DRILL, work, PROM_PORT, AM_PORT, AM, params, webhook_port=WEBHOOK_PORT)
-    yield {"prom": prom, "log": log, "params": params}
+    alert_params = lab_alert_params(ROTATION, RTT_WINDOW)
+    # Six meshes of two (each host's peer list names its partner): each its own schedule.
+    meshes = {host: name for name in PAIRS for host in src_dst(name)}
+    prom, _ = demo.start_monitoring(DRILL, work, PROM_PORT, AM_PORT, AM, alert_params, webhook_port=WEBHOOK_PORT,
+                                    meshes=meshes)  # fmt: skip
+    yield Lab(prom, log, alert_params, threading.Lock())
     webhook.shutdown()
     net.down()
 
 
-def notifications_by_message(log: Path) -> list[list[tuple[str, str, str]]]:
-    """(status, alertname, peer) of every alert, one list per webhook notification, in order."""
-    return [
-        [(a["status"], a["labels"]["alertname"], a["labels"].get("peer", "")) for a in json.loads(line)["alerts"]]
-        for line in log.read_text().splitlines()
-    ]
+def messages(log: Path, seen: int = 0) -> list[list[dict]]:
+    """The alerts of each webhook notification after the first `seen`, in order."""
+    return [json.loads(line)["alerts"] for line in log.read_text().splitlines()[seen:]]
 
 
-def alerts_sent(log: Path, alertname: str, status: str = "firing") -> list[dict]:
-    """Every alert of that name and status in the webhook's notifications, with labels and annotations."""
-    return [a for line in log.read_text().splitlines() for a in json.loads(line)["alerts"]
-            if a["labels"]["alertname"] == alertname and a["status"] == status]  # fmt: skip
+def of_pair(alerts: list[dict], drill: str, status: str = "firing") -> list[dict]:
+    """The alerts of that status that name the drill's pair (as host or as peer)."""
+    hosts = set(src_dst(drill))
+    return [a for a in alerts
+            if a["status"] == status and {a["labels"].get("host"), a["labels"].get("peer")} & hosts]  # fmt: skip
 
 
-def notifications(log: Path) -> list[tuple[str, str, str]]:
-    """(status, alertname, peer) of every alert in every webhook notification so far."""
-    return [alert for message in notifications_by_message(log) for alert in message]
+def sent(log: Path, drill: str, seen: int = 0, status: str = "firing") -> list[dict]:
+    """Every alert of that status naming the drill's pair, in the notifications after the first `seen`."""
+    return [a for m in messages(log, seen) for a in of_pair(m, drill, status)]
 
 
-@pytest.mark.lab
-def test_fire_drill(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
-    a = f"{address(1)}:9469"
-    ratio = 'path:pathprobe_throughput_expected_ratio:last{host="drill-a",peer="drill-b"}'
+def named(alerts: list[dict], alertname: str, **labels: str | None) -> list[dict]:
+    return [a for a in alerts if a["labels"]["alertname"] == alertname
+            and all(a["labels"].get(k) == v for k, v in labels.items())]  # fmt: skip
+
+
+def notified(log: Path) -> int:
+    return len(log.read_text().splitlines())
+
+
+def set_path(lab: Lab, drill: str, change: Callable[[PathSpec], PathSpec]) -> None:
+    with lab.shaping:
+        state = State.load()
+        assert state is not None
+        shaping.set_path(state, *src_dst(drill), change(state.spec(*src_dst(drill))))
+
+
+def restore(lab: Lab, drill: str) -> None:
+    with lab.shaping:
+        shaping.restore(State.load(), *src_dst(drill))  # type: ignore[arg-type]
+
+
+def assert_warning_inhibited_by_critical(log: Path, drill: str, seen: int = 0) -> None:
+    """The critical throughput alert inhibits the warning one on the same test: no notification
+    from the first critical one on lists the warning as firing. A test run while the shaping
+    changed rates between the two thresholds, so the warning alone may be sent before it."""
+    pair_messages = [of_pair(m, drill) for m in messages(log, seen)]
+    for streams in {a["labels"].get("streams") for m in pair_messages for a in m}:
+        critical = [k for k, m in enumerate(pair_messages) if named(m, FAR_BELOW, streams=streams)]
+        after = pair_messages[critical[0] :] if critical else []
+        assert not [m for m in after if named(m, BELOW, streams=streams)], streams
+
+
+def fire_drill(lab: Lab) -> str:
+    src, dst = src_dst("fire")
+    ratio = f'path:pathprobe_throughput_expected_ratio:last{{host="{src}",peer="{dst}"}}'
 
     def healthy() -> bool:
-        found = promql.query(drill["prom"], ratio)
+        found = promql.query(lab.prom, ratio)
         return bool(found) and float(found[0]["value"][1]) > 0.9
 
     # A healthy path first: 478 of an expected 500 Mbit/s (the lab's 5 Gbps per-flow limit / 10).
     wait_for("a healthy result in Prometheus", healthy, timeout=90)
-    s = scrape(a)
-    assert value(s, "pathprobe_throughput_expected_bytes_per_second", peer="drill-b", limit="per_flow") == 500e6 / 8
-    assert not [n for n in notifications(drill["log"]) if n[0] == "firing"]
+    s = scrape(metrics_address(src))
+    assert value(s, "pathprobe_throughput_expected_bytes_per_second", peer=dst, limit="per_flow") == 500e6 / 8
+    assert not sent(lab.log, "fire")
 
-    state = State.load()
-    assert state is not None
-    spec = state.spec("drill-a", "drill-b")
     impaired = time.monotonic()
-    shaping.set_path(state, "drill-a", "drill-b", PathSpec(150e6, spec.one_way_delay, 0.0, spec.path_class))
-    fired = wait_for(
-        "the alert at the webhook",
-        lambda: ("firing", FAR_BELOW, "drill-b") in notifications(drill["log"]),
-        timeout=240,
-    )
+    set_path(lab, "fire", lambda spec: PathSpec(150e6, spec.one_way_delay, 0.0, spec.path_class))
+    wait_for("the alert at the webhook", lambda: named(sent(lab.log, "fire"), FAR_BELOW, peer=dst), timeout=240)
     time_to_fire = time.monotonic() - impaired
-    assert fired
-    assert_warning_inhibited_by_critical(drill["log"])
+    assert_warning_inhibited_by_critical(lab.log, "fire")
 
     # The description names the binding limit of each test: one stream the per-flow limit, four
     # the inter-region cap (c6gn.xlarge: 5 Gbps, 500 Mbit/s here).
-    wait_for("both tests' alerts", lambda: {"1", "4"} <= {a["labels"]["streams"] for a in alerts_sent(drill["log"],
-             FAR_BELOW)}, timeout=120)  # fmt: skip
-    for a in alerts_sent(drill["log"], FAR_BELOW):
+    wait_for("both tests' alerts", lambda: {"1", "4"} <= {a["labels"]["streams"]
+             for a in named(sent(lab.log, "fire"), FAR_BELOW)}, timeout=120)  # fmt: skip
+    for a in named(sent(lab.log, "fire"), FAR_BELOW):
         limit = {"1": "per_flow", "4": "region_cap"}[a["labels"]["streams"]]
         assert f"(binding limit: {limit})" in a["annotations"]["description"], a
 
     restored = time.monotonic()
-    shaping.restore(State.load(), "drill-a", "drill-b")  # type: ignore[arg-type]
-    wait_for(
-        "the resolved notifications of both tests",
-        lambda: {a["labels"]["streams"] for a in alerts_sent(drill["log"], FAR_BELOW,
-                 "resolved")} >= {"1", "4"},
-        timeout=240,
-    )  # fmt: skip
-    time_to_resolve = time.monotonic() - restored
-    with capsys.disabled():
-        print(
-            f"\nfire drill: slot {SLOT:g} s, rotation {rotation_seconds(DRILL, SLOT):g} s, "
-            f"window {lab_alert_params(rotation_seconds(DRILL, SLOT)).throughput_window}: "
-            f"fired after {time_to_fire:.0f} s, resolved after {time_to_resolve:.0f} s"
-        )
+    restore(lab, "fire")
+    wait_for("the resolved notifications of both tests", lambda: {a["labels"]["streams"]
+             for a in named(sent(lab.log, "fire", status="resolved"), FAR_BELOW)} >= {"1", "4"},
+             timeout=240)  # fmt: skip
+    return (f"fire drill: slot {SLOT:g} s, rotation {ROTATION:g} s, window {lab.params.throughput_window}: "
+            f"fired after {time_to_fire:.0f} s, resolved after {time.monotonic() - restored:.0f} s")  # fmt: skip
 
 
-def assert_warning_inhibited_by_critical(log: Path, seen: int = 0) -> None:
-    """The critical throughput alert inhibits the warning one on the same test: no notification
-    from the first critical one on lists the warning as firing. A test run while the shaping
-    changed rates between the two thresholds, so the warning alone may be sent before it."""
-    messages = [json.loads(line)["alerts"] for line in log.read_text().splitlines()[seen:]]
-
-    def firing(message: list[dict], alertname: str, streams: str) -> bool:
-        return any(a["status"] == "firing" and a["labels"]["alertname"] == alertname
-                   and a["labels"].get("streams") == streams for a in message)  # fmt: skip
-
-    for streams in {a["labels"].get("streams") for m in messages for a in m}:
-        critical = [i for i, m in enumerate(messages) if firing(m, FAR_BELOW, streams)]
-        after = messages[critical[0] :] if critical else []
-        assert not [m for m in after if firing(m, BELOW, streams)], streams
-
-
-def new_alerts(log: Path, seen: int, status: str = "firing") -> list[dict]:
-    """Alerts of that status in the notifications after the first `seen` ones."""
-    return [a for line in log.read_text().splitlines()[seen:] for a in json.loads(line)["alerts"]
-            if a["status"] == status]  # fmt: skip
-
-
-@pytest.mark.lab
-def test_a_lowered_per_flow_cap_fires_for_one_stream_only(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
-    state = State.load()
-    assert state is not None
-    seen = len(drill["log"].read_text().splitlines())
+def per_flow_drill(lab: Lab) -> str:
+    src, _ = src_dst("flow")
     impaired, impaired_at = time.monotonic(), time.time()
     # 150 Mbit/s per flow: one stream reaches 30% of its 500 Mbit/s; four still fill the 500 Mbit/s cap.
-    shaping.set_per_flow_cap(state, "drill-a", 150e6)
+    with lab.shaping:
+        shaping.set_host_cap(State.load(), src, "per_flow_cap", 150e6)  # type: ignore[arg-type]
     try:
-        wait_for("the one-stream alert", lambda: [a for a in new_alerts(drill["log"], seen)
-                 if a["labels"]["alertname"] == FAR_BELOW and a["labels"]["streams"] == "1"], timeout=240)  # fmt: skip
+        wait_for("the one-stream alert", lambda: named(sent(lab.log, "flow"), FAR_BELOW, streams="1"), timeout=240)
         time_to_fire = time.monotonic() - impaired
         # A four-stream test run since the change is healthy.
-        newer = f'pathprobe_throughput_last_test_timestamp_seconds{{host="drill-a",streams="4"}} > {impaired_at:.0f}'
-        wait_for("a four-stream test under the lowered cap", lambda: promql.query(drill["prom"], newer), timeout=60)
-        ratio = promql.query(drill["prom"], 'path:pathprobe_throughput_expected_ratio:last{host="drill-a",streams="4"}')
+        newer = f'pathprobe_throughput_last_test_timestamp_seconds{{host="{src}",streams="4"}} > {impaired_at:.0f}'
+        wait_for("a four-stream test under the lowered cap", lambda: promql.query(lab.prom, newer), timeout=60)
+        ratio = promql.query(lab.prom, f'path:pathprobe_throughput_expected_ratio:last{{host="{src}",streams="4"}}')
         assert ratio and float(ratio[0]["value"][1]) > 0.9, ratio
     finally:
-        shaping.set_per_flow_cap(State.load(), "drill-a", None)  # type: ignore[arg-type]
-    fired = {(a["labels"]["alertname"], a["labels"].get("streams", ""), a["labels"].get("host", ""))
-             for a in new_alerts(drill["log"], seen)}  # fmt: skip
+        with lab.shaping:
+            shaping.set_host_cap(State.load(), src, "per_flow_cap", None)  # type: ignore[arg-type]
+    fired = {(a["labels"]["alertname"], a["labels"].get("streams", ""), a["labels"]["host"])
+             for a in sent(lab.log, "flow")}  # fmt: skip
     # The one-stream test only; its warning form only before the critical one (a test that straddled the change).
-    assert (FAR_BELOW, "1", "drill-a") in fired, fired
-    assert fired <= {(FAR_BELOW, "1", "drill-a"), (BELOW, "1", "drill-a")}, fired
-    assert_warning_inhibited_by_critical(drill["log"], seen)
-    assert all("(binding limit: per_flow)" in a["annotations"]["description"] for a in new_alerts(drill["log"], seen))
+    assert (FAR_BELOW, "1", src) in fired, fired
+    assert fired <= {(FAR_BELOW, "1", src), (BELOW, "1", src)}, fired
+    assert_warning_inhibited_by_critical(lab.log, "flow")
+    assert all("(binding limit: per_flow)" in a["annotations"]["description"] for a in sent(lab.log, "flow"))
     restored = time.monotonic()
-    wait_for("the one-stream alert resolved", lambda: new_alerts(drill["log"], seen, "resolved"), timeout=240)
-    with capsys.disabled():
-        print(f"\nper-flow drill (500 -> 150 Mbit/s per flow): one-stream alert after {time_to_fire:.0f} s, "
-              f"resolved after {time.monotonic() - restored:.0f} s; four streams stayed healthy")  # fmt: skip
+    wait_for("the one-stream alert resolved", lambda: sent(lab.log, "flow", status="resolved"), timeout=240)
+    return (f"per-flow drill (500 -> 150 Mbit/s per flow): one-stream alert after {time_to_fire:.0f} s, "
+            f"resolved after {time.monotonic() - restored:.0f} s; four streams stayed healthy")  # fmt: skip
 
 
-@pytest.mark.lab
-def test_loss_fires_the_loss_alert_and_resolves(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
-    state = State.load()
-    assert state is not None
-    spec = state.spec("drill-a", "drill-b")
-    seen_before = len(notifications(drill["log"]))
+def loss_drill(lab: Lab) -> str:
+    _, dst = src_dst("loss")
     impaired = time.monotonic()
-    shaping.set_path(state, "drill-a", "drill-b", PathSpec(spec.rate, spec.one_way_delay, 0.03, spec.path_class))
-    wait_for("the loss alert", lambda: ("firing", "PathprobePacketLossHigh", "drill-b") in notifications(drill["log"]),
-             timeout=240)  # fmt: skip
+    set_path(lab, "loss", lambda spec: PathSpec(spec.rate, spec.one_way_delay, 0.03, spec.path_class))
+    wait_for("the loss alert", lambda: named(sent(lab.log, "loss"), "PathprobePacketLossHigh", peer=dst), timeout=240)
     time_to_fire = time.monotonic() - impaired
-    fired = {name for status, name, peer in notifications(drill["log"])[seen_before:] if status == "firing"}
-    # 3% is above the 1% warning and below the 5% critical threshold; TCP slows under loss, so the
-    # throughput alerts may join; nothing about RTT, reachability or the exporters.
-    assert "PathprobePacketLossCritical" not in fired
-    assert fired <= {"PathprobePacketLossHigh", BELOW, FAR_BELOW}, fired
+    # 3% is above the 1% warning and below the 5% critical threshold; nothing about RTT,
+    # reachability or the exporters (this pair runs no throughput tests).
+    fired = {a["labels"]["alertname"] for a in sent(lab.log, "loss")}
+    assert fired == {"PathprobePacketLossHigh"}, fired
     restored = time.monotonic()
-    shaping.restore(State.load(), "drill-a", "drill-b")  # type: ignore[arg-type]
-    resolved = ("resolved", "PathprobePacketLossHigh", "drill-b")
-    wait_for("the loss alert resolved", lambda: resolved in notifications(drill["log"]), timeout=240)
-    with capsys.disabled():
-        print(f"\nloss drill (3% one way): fired after {time_to_fire:.0f} s, "
-              f"resolved after {time.monotonic() - restored:.0f} s")  # fmt: skip
-
-
-@pytest.mark.lab
-def test_added_delay_fires_the_rtt_baseline_alert_and_resolves(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
-    state = State.load()
-    assert state is not None
-    spec = state.spec("drill-a", "drill-b")
-    # The baseline is the median of the path's RTT over its window: with more than half of that window
-    # healthy before the delay, the delay cannot raise it before the alert fires. Run after the other
-    # drills, the history is there; run alone, this waits for it.
-    p = drill["params"]
-    history = (f'count_over_time(path:pathprobe_rtt_seconds:p50_{p.rtt_exporter_window}{{host="drill-a", '
-               f'peer="drill-b"}}[{p.rtt_baseline_window}:{p.rtt_baseline_step}])')  # fmt: skip
-    wait_for("6 minutes of RTT history", lambda: [s for s in promql.query(drill["prom"], history)
-             if float(s["value"][1]) >= 12], timeout=600, every=10)  # fmt: skip
-    seen = len(drill["log"].read_text().splitlines())
-    impaired = time.monotonic()
-    # 8 ms RTT becomes 28 ms one way only (the echo's reverse path is untouched): more than 1.5x
-    # the 15-minute baseline, and more than 2 ms above it.
-    shaping.set_path(state, "drill-a", "drill-b", PathSpec(spec.rate, spec.one_way_delay + 0.020, 0.0, spec.path_class))
-    try:
-        wait_for("the RTT alert", lambda: [a for a in new_alerts(drill["log"], seen)
-                 if a["labels"]["alertname"] == "PathprobeRttAboveBaseline" and a["labels"]["host"] == "drill-a"],
-                 timeout=420)  # fmt: skip
-        time_to_fire = time.monotonic() - impaired
-    finally:
-        shaping.restore(State.load(), "drill-a", "drill-b")  # type: ignore[arg-type]
-    fired = {a["labels"]["alertname"] for a in new_alerts(drill["log"], seen)}
-    # More delay lowers no expected value here (the buffers still cover 28 ms at 500 Mbit/s) and loses nothing.
-    assert fired == {"PathprobeRttAboveBaseline"}, fired
-    restored = time.monotonic()
-    wait_for("the RTT alert resolved", lambda: [a for a in new_alerts(drill["log"], seen, "resolved")
-             if a["labels"]["alertname"] == "PathprobeRttAboveBaseline"], timeout=420)  # fmt: skip
-    with capsys.disabled():
-        print(f"\ndelay drill (+20 ms one way): fired after {time_to_fire:.0f} s, "
-              f"resolved after {time.monotonic() - restored:.0f} s")  # fmt: skip
-
-
-def alert_fired(log: Path, seen: int, alertname: str, host: str = "drill-a") -> list[dict]:
-    return [a for a in new_alerts(log, seen) if a["labels"]["alertname"] == alertname and a["labels"]["host"] == host]
-
-
-def alert_resolved(log: Path, seen: int, alertname: str) -> list[dict]:
-    return [a for a in new_alerts(log, seen, "resolved") if a["labels"]["alertname"] == alertname]
+    restore(lab, "loss")
+    wait_for("the loss alert resolved", lambda: named(sent(lab.log, "loss", status="resolved"),
+             "PathprobePacketLossHigh", peer=dst), timeout=240)  # fmt: skip
+    return (f"loss drill (3% one way): fired after {time_to_fire:.0f} s, "
+            f"resolved after {time.monotonic() - restored:.0f} s")  # fmt: skip
 
 
 def router_nft(script: str) -> None:
     subprocess.run(in_ns(ROUTER, ["nft", "-f", "-"]), input=script, text=True, check=True)
 
 
-@pytest.mark.lab
-def test_one_dead_ecmp_member_fires_the_partial_failure_alert(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
-    # drill-a's echo prober sends over 8 sockets (source ports); a broken ECMP member drops what one of them
+def ecmp_drill(lab: Lab) -> str:
+    # The echo prober sends over 8 sockets (source ports); a broken ECMP member drops what one of them
     # sends. The path's loss alone is 1/8 (loss alerts may join); the partial-failure alert names the path.
-    seen = len(drill["log"].read_text().splitlines())
+    src, dst = src_dst("ecmp")
+    src_address, dst_address = metrics_address(src).split(":")[0], metrics_address(dst).split(":")[0]
 
     def ports() -> list[int] | None:
-        out = in_host("drill-a", ["ss", "-uanH", "dst", f"{address(2)}:9470"]).stdout
+        out = in_host(src, ["ss", "-uanH", "dst", f"{dst_address}:9470"]).stdout
         found = sorted({int(line.split()[3].rsplit(":", 1)[1]) for line in out.splitlines() if line.strip()})
         return found if len(found) >= 8 else None
 
-    victim = wait_for("drill-a's echo flows", ports, timeout=30)[3]
+    victim = wait_for("the echo flows", ports, timeout=30)[3]
     impaired = time.monotonic()
     router_nft(f"table inet ecmp {{\n chain member {{\n type filter hook forward priority 0\n"
-               f" udp sport {victim} drop\n }}\n}}\n")  # fmt: skip
+               f" ip saddr {src_address} udp sport {victim} drop\n }}\n}}\n")  # fmt: skip
     try:
-        fired = wait_for(
-            "the partial-failure alert",
-            lambda: alert_fired(drill["log"], seen, "PathprobePathPartiallyFailing"),
-            timeout=240,
-        )
+        fired = wait_for("the partial-failure alert",
+                         lambda: named(sent(lab.log, "ecmp"), "PathprobePathPartiallyFailing", host=src),
+                         timeout=240)  # fmt: skip
         time_to_fire = time.monotonic() - impaired
     finally:
         subprocess.run(in_ns(ROUTER, ["nft", "delete", "table", "inet", "ecmp"]), check=False)
-    assert fired[0]["labels"]["peer"] == "drill-b" and fired[0]["labels"]["protocol"] == "udp", fired
+    assert fired[0]["labels"]["peer"] == dst and fired[0]["labels"]["protocol"] == "udp", fired
     restored = time.monotonic()
-    wait_for("it resolved", lambda: alert_resolved(drill["log"], seen, "PathprobePathPartiallyFailing"), timeout=240)
+    wait_for("it resolved", lambda: named(sent(lab.log, "ecmp", status="resolved"), "PathprobePathPartiallyFailing"),
+             timeout=240)  # fmt: skip
+    return (f"ECMP drill (1 of 8 echo flows dropped): fired after {time_to_fire:.0f} s, "
+            f"resolved after {time.monotonic() - restored:.0f} s")  # fmt: skip
+
+
+def mtu_drill(lab: Lab) -> str:
+    # The router's link to the receiver carries 1450 bytes, and its "fragmentation needed" is filtered:
+    # 1500-byte packets (what the inter-region class must carry) vanish.
+    src, dst = src_dst("mtu")
+    link = f"r{next(i for i, h in enumerate(DRILL.hosts, start=1) if h.name == dst)}"
+    # A black hole is a size the path carried before: once it has.
+    carried = f'pathprobe_path_mtu_carried{{host="{src}",peer="{dst}",size_bytes="1500"}} == 1'
+    wait_for("1500 bytes carried", lambda: promql.query(lab.prom, carried), timeout=90)
+    impaired = time.monotonic()
+    subprocess.run(["ip", "-n", ROUTER, "link", "set", link, "mtu", "1450"], check=True)
+    router_nft("table inet pmtu {\n chain out {\n type filter hook output priority 0\n"
+               " icmp type destination-unreachable icmp code frag-needed drop\n }\n}\n")  # fmt: skip
+    try:
+        fired = wait_for("the black-hole alert",
+                         lambda: named(sent(lab.log, "mtu"), "PathprobePathMtuBlackHole", host=src),
+                         timeout=240)  # fmt: skip
+        time_to_fire = time.monotonic() - impaired
+    finally:
+        subprocess.run(["ip", "-n", ROUTER, "link", "set", link, "mtu", "1500"], check=False)
+        subprocess.run(in_ns(ROUTER, ["nft", "delete", "table", "inet", "pmtu"]), check=False)
+    assert {(a["labels"]["peer"], a["labels"]["size_bytes"]) for a in fired} == {(dst, "1500")}, fired
+    restored = time.monotonic()
+    wait_for("it resolved", lambda: named(sent(lab.log, "mtu", status="resolved"), "PathprobePathMtuBlackHole"),
+             timeout=240)  # fmt: skip
+    return (f"MTU drill (1500 bytes black-holed): fired after {time_to_fire:.0f} s, "
+            f"resolved after {time.monotonic() - restored:.0f} s")  # fmt: skip
+
+
+AT_ONCE: dict[str, Callable[[Lab], str]] = {
+    "fire": fire_drill, "flow": per_flow_drill, "loss": loss_drill, "ecmp": ecmp_drill, "mtu": mtu_drill,
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def drills(lab: Lab) -> Iterator[dict[str, Future[str]]]:
+    """The drills that change no delay, started at once (a delay change restarts the lab's delay
+    line, which every path's packets pass through)."""
+    with ThreadPoolExecutor(len(AT_ONCE)) as pool:
+        yield {name: pool.submit(drill, lab) for name, drill in AT_ONCE.items()}
+
+
+@pytest.mark.lab
+@pytest.mark.parametrize("drill", AT_ONCE)
+def test_drill(drills: dict[str, Future[str]], drill: str, capsys: pytest.CaptureFixture[str]) -> None:
+    summary = drills[drill].result()
     with capsys.disabled():
-        print(f"\nECMP drill (1 of 8 echo flows dropped): fired after {time_to_fire:.0f} s, "
+        print(f"\n{summary}")
+
+
+@pytest.mark.lab
+def test_added_delay_fires_the_rtt_baseline_alert_and_resolves(
+    lab: Lab, drills: dict[str, Future[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    wait(drills.values())  # its delay change restarts the delay line under every path
+    src, dst = src_dst("rtt")
+    # The baseline is the median of the path's RTT over its window: with more than half of that window
+    # healthy before the delay, the delay cannot raise it before the alert fires. The other drills
+    # leave that history behind them; run alone, this waits for it.
+    p = lab.params
+    history = (f'count_over_time(path:pathprobe_rtt_seconds:p50_{p.rtt_exporter_window}{{host="{src}", '
+               f'peer="{dst}"}}[{p.rtt_baseline_window}:{p.rtt_baseline_step}])')  # fmt: skip
+    wait_for("6 minutes of RTT history", lambda: [s for s in promql.query(lab.prom, history)
+             if float(s["value"][1]) >= 12], timeout=600, every=10)  # fmt: skip
+    seen = notified(lab.log)
+    impaired = time.monotonic()
+    # 8 ms RTT becomes 28 ms one way only (the echo's reverse path is untouched): more than 1.5x
+    # the 15-minute baseline, and more than 2 ms above it.
+    set_path(lab, "rtt", lambda spec: PathSpec(spec.rate, spec.one_way_delay + 0.020, 0.0, spec.path_class))
+    try:
+        wait_for("the RTT alert", lambda: named(sent(lab.log, "rtt", seen), "PathprobeRttAboveBaseline", host=src),
+                 timeout=420)  # fmt: skip
+        time_to_fire = time.monotonic() - impaired
+    finally:
+        restore(lab, "rtt")
+    fired = {a["labels"]["alertname"] for a in sent(lab.log, "rtt", seen)}
+    # More delay loses nothing, and this pair runs no throughput tests.
+    assert fired == {"PathprobeRttAboveBaseline"}, fired
+    restored = time.monotonic()
+    wait_for("the RTT alert resolved", lambda: named(sent(lab.log, "rtt", seen, "resolved"),
+             "PathprobeRttAboveBaseline"), timeout=420)  # fmt: skip
+    with capsys.disabled():
+        print(f"\ndelay drill (+20 ms one way): fired after {time_to_fire:.0f} s, "
               f"resolved after {time.monotonic() - restored:.0f} s")  # fmt: skip
 
 
 @pytest.mark.lab
-def test_a_path_mtu_black_hole_fires_and_names_the_size(drill: dict, capsys: pytest.CaptureFixture[str]) -> None:
-    # The router's link to drill-b carries 1450 bytes, and its "fragmentation needed" is filtered: 1500-byte
-    # packets (what the inter-region class must carry) vanish. Throughput tests stall too, so their alerts may join.
-    seen = len(drill["log"].read_text().splitlines())
-    impaired = time.monotonic()
-    subprocess.run(["ip", "-n", ROUTER, "link", "set", "r2", "mtu", "1450"], check=True)
-    router_nft("table inet pmtu {\n chain out {\n type filter hook output priority 0\n"
-               " icmp type destination-unreachable icmp code frag-needed drop\n }\n}\n")  # fmt: skip
-    try:
-        fired = wait_for(
-            "the black-hole alert", lambda: alert_fired(drill["log"], seen, "PathprobePathMtuBlackHole"), timeout=240
-        )
-        time_to_fire = time.monotonic() - impaired
-    finally:
-        subprocess.run(["ip", "-n", ROUTER, "link", "set", "r2", "mtu", "1500"], check=False)
-        subprocess.run(in_ns(ROUTER, ["nft", "delete", "table", "inet", "pmtu"]), check=False)
-    assert {(a["labels"]["peer"], a["labels"]["size_bytes"]) for a in fired} == {("drill-b", "1500")}, fired
-    restored = time.monotonic()
-    wait_for("it resolved", lambda: alert_resolved(drill["log"], seen, "PathprobePathMtuBlackHole"), timeout=240)
-    with capsys.disabled():
-        print(f"\nMTU drill (1500 bytes black-holed): fired after {time_to_fire:.0f} s, "
-              f"resolved after {time.monotonic() - restored:.0f} s")  # fmt: skip
+def test_no_drill_named_a_culprit_or_disturbed_another_pair(lab: Lab, drills: dict[str, Future[str]]) -> None:
+    """Every alert of the drills is a path's, on the pair its drill impaired (each drill checked
+    what it expects on its own pair, so an alert another drill caused there would have failed it)."""
+    wait(drills.values())
+    alerts = [a for m in messages(lab.log) for a in m]
+    assert {a["labels"]["scope"] for a in alerts} <= {"path"}, {a["labels"]["alertname"] for a in alerts}
+    directions = {d for name in PAIRS for d in (src_dst(name), src_dst(name)[::-1])}
+    assert {(a["labels"]["host"], a["labels"].get("peer")) for a in alerts} <= directions

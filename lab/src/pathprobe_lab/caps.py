@@ -92,8 +92,9 @@ def transit_gateway_destinations(topo: Topology, host: LabHost) -> list[str]:
             if h is not host and paths[(host.name, h.name)].path_class == PathClass.transit_gateway]  # fmt: skip
 
 
-def apply(topo: Topology) -> None:
-    """Each AWS host's eth0: TBF (instance) > HTB: in-region and other-region aggregates, each with
+def apply(topo: Topology, only: str | None = None) -> None:
+    """Each AWS host's eth0 (or `only` that host's, so that changing one host's caps leaves every
+    other host's queues and flows alone): TBF (instance) > HTB: in-region and other-region aggregates, each with
     FLOW_CLASSES leaf classes capped at the per-flow rate; nftables gives each connection a leaf
     of its own by setting the packets' priority (HTB takes a class named by skb->priority; this
     kernel has no fq qdisc nor flow/fw classifiers, so this is how a per-flow cap is built here).
@@ -102,7 +103,7 @@ def apply(topo: Topology) -> None:
     and the test reads three quarters of its cap, a limit AWS does not have."""
     for host in topo.hosts:
         caps = host_caps(topo, host)
-        if caps is None:
+        if caps is None or only not in (None, host.name):
             continue
         name = ns(host.name)
         tgw = transit_gateway_destinations(topo, host)

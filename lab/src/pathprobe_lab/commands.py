@@ -206,7 +206,7 @@ def cmd_per_flow_cap(args: argparse.Namespace) -> int:
         rate = None if args.rate == "restore" else parse_quantity(args.rate, "rate")
     except ValueError as exc:
         raise SystemExit(f"pathprobe lab per-flow-cap: {exc}") from exc
-    _run(shaping.set_per_flow_cap, state, args.host, rate)
+    _run(shaping.set_host_cap, state, args.host, "per_flow_cap", rate)
     caps = host_caps(state.topo(), state.topo().hosts[state.index(args.host) - 1])
     print(f"{args.host}: {caps.describe() if caps else ''}")
     return 0

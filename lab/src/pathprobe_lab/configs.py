@@ -3,6 +3,7 @@ and the Prometheus scrape config with region/zone/host as target labels."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -98,11 +99,13 @@ def scaled_limits(topo: Topology, me: LabHost, other: LabHost, path_class: PathC
     return scaled
 
 
-def scrape_targets(topo: Topology) -> list[dict[str, Any]]:
-    """Prometheus static/file_sd targets: the source host's region and zone are target labels."""
+def scrape_targets(topo: Topology, meshes: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """Prometheus static/file_sd targets: the source host's region and zone are target labels, and
+    its mesh where `meshes` names one (host -> mesh: a lab of several meshes, each its own schedule)."""
     return [
         {"targets": [f"{address(i)}:{METRICS_PORT}"],
-         "labels": {"host": h.name, "region": h.region, "zone": h.zone}}
+         "labels": {"host": h.name, "region": h.region, "zone": h.zone,
+                    **({"mesh": meshes[h.name]} if meshes and h.name in meshes else {})}}
         for i, h in enumerate(topo.hosts, start=1)
     ]  # fmt: skip
 

@@ -17,6 +17,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -256,12 +257,13 @@ def start_exporters(topo: topology.Topology, work: Path, slot_seconds: float) ->
 
 # The demo and the fire drill place the lab's monitoring each its own way: ports, routing, timing.
 def start_monitoring(topo: topology.Topology, work: Path, prom_port: int, am_port: int, routing: Path | None,  # noqa: PLR0913, PLR0917 - see above
-                     params: Params, webhook_port: int = WEBHOOK_PORT) -> tuple[str, str]:  # fmt: skip
+                     params: Params, webhook_port: int = WEBHOOK_PORT,
+                     meshes: Mapping[str, str] | None = None) -> tuple[str, str]:  # fmt: skip
     rule_file = work / "pathprobe.rules.yml"
     rule_file.write_text(rules.dump(params))
     am_addr = f"127.0.0.1:{am_port}"
     targets = work / "targets.json"
-    targets.write_text(json.dumps(scrape_targets(topo)))
+    targets.write_text(json.dumps(scrape_targets(topo, meshes)))
     cfg = prometheus.render("single", file_sd=str(targets), rule_files=[str(rule_file)], alertmanagers=[am_addr],
                             interval="5s")  # fmt: skip
     (work / "prometheus.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))

@@ -16,12 +16,16 @@ import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import Literal
 
 from pathprobe import procs
 
 from . import caps
 from .state import NFT_TABLE, ROUTER, STATE_DIR, LabError, State, in_ns, iptables, sh
 from .topology import PathSpec, resolve
+
+# The caps of a host (topology.LabHost) that set_host_cap changes.
+HostCap = Literal["per_flow_cap", "transit_gateway_cap"]
 
 
 def apply_shaping(state: State) -> None:
@@ -194,17 +198,29 @@ def ensure_delay_line(state: State) -> bool:
 
 
 def set_path(state: State, src: str, dst: str, spec: PathSpec) -> None:
-    state.index(src), state.index(dst)  # validate names
+    """One directed path's shaping. Only what changed is applied again (the rate on the router's
+    link towards dst, the loss table, the delay rules), so that impairing one path leaves the
+    queues and packets of every other path alone."""
+    state.index(src)  # validates the name
+    j = state.index(dst)
+    before = state.spec(src, dst)
     state.paths[f"{src}>{dst}"] = asdict(spec)
     state.save()
-    apply_shaping(state)
+    hosts = [h.name for h in state.topo().hosts]
+    if spec.rate != before.rate:
+        _rate(j, [(k, state.spec(other, dst)) for k, other in enumerate(hosts, start=1) if other != dst])
+    if spec.loss != before.loss:
+        _loss(state, hosts)
+    if spec.one_way_delay != before.one_way_delay:
+        _delay(state, hosts)
 
 
-def set_per_flow_cap(state: State, host: str, rate: float | None) -> None:
-    """Lower (or, with None, restore) one AWS host's per-flow cap (caps.py)."""
-    state.topology["hosts"][state.index(host) - 1]["per_flow_cap"] = rate
+def set_host_cap(state: State, host: str, cap: HostCap, rate: float | None) -> None:
+    """Lower (or, with None, restore) one AWS host's per-flow cap or Transit Gateway attachment
+    (caps.py); the other hosts' caps are left alone."""
+    state.topology["hosts"][state.index(host) - 1][cap] = rate
     state.save()
-    caps.apply(state.topo())
+    caps.apply(state.topo(), only=host)
 
 
 def restore(state: State, src: str, dst: str) -> PathSpec:

@@ -538,11 +538,13 @@ def _exporter_alerts(p: Params) -> list[Alert]:
                "{{ $labels.host }}'s UDP echo responder dropped {{ $value | humanize }} datagrams in "
                f"{p.refused_window} because its socket queue was full (a flood, or more peers than it keeps up "
                "with): its peers read that as loss on their paths to it.", scope="host"),
+        # Per mesh: a Prometheus that scrapes several meshes labels each one's targets with `mesh`.
         Alert("PathprobeScheduleMismatch",
-               f"count(count by (fingerprint) (pathprobe_schedule_info{{{sel}}})) > 1", "warning",
-               "Exporters derive different throughput schedules.",
-               "{{ $value }} different schedules in the mesh: peer lists or slot lengths differ between hosts, so "
-               "throughput tests may collide (busy) and measure each other.", p.schedule_mismatch_for, scope="mesh"),
+               f"count by (job, mesh) (count by (job, mesh, fingerprint) (pathprobe_schedule_info{{{sel}}})) > 1",
+               "warning", "Exporters derive different throughput schedules.",
+               "{{ $value }} different schedules in the mesh{{ with $labels.mesh }} {{ . }}{{ end }}: peer lists or "
+               "slot lengths differ between hosts, so throughput tests may collide (busy) and measure each other.",
+               p.schedule_mismatch_for, scope="mesh"),
         Alert("PathprobeMetricsSnapshotStale",
               f"pathprobe_scrape_snapshot_age_seconds{{{sel}}} > {p.snapshot_stale_seconds:g}", "critical",
               "An exporter serves an old metrics snapshot.",
