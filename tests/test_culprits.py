@@ -115,10 +115,10 @@ def _counter(per_minute: float, faulty_per_minute: float) -> str:
 
 
 def input_series(paths: list[Path_], fault: dict[Path_, tuple[str, float]], down: str = "") -> list[dict[str, str]]:
-    """Every path's peer_info and its signals: idle UDP echoes (600 a minute) on every path, a
-    throughput test where the fault is a ratio. fault: path -> ("ratio", measured/expected) or
-    ("loss", ratio). `down`: a host whose exporter stops at the fault (its own series go stale)
-    and whose peers' probes to it fail."""
+    """Every path's peer_info and its signals: idle UDP echoes (600 a minute) and an idle RTT p50
+    (10 ms) on every path, a throughput test where the fault is a ratio. fault: path ->
+    ("ratio", measured/expected), ("loss", ratio) or ("rtt", the RTT's factor). `down`: a host
+    whose exporter stops at the fault (its own series go stale) and whose peers' probes to it fail."""
     out = []
     for path in paths:
         labels, kind, amount = path.labels(), *fault.get(path, ("", 0.0))
@@ -130,6 +130,9 @@ def input_series(paths: list[Path_], fault: dict[Path_, tuple[str, float]], down
         lost = 600 * (amount if kind == "loss" else 1.0 if path.dst.name == down else 0.0)
         out.append(_series("pathprobe_udp_packets_sent_total", idle, _counter(600, 600)))
         out.append(_series("pathprobe_udp_packets_lost_total", idle, _counter(0, lost)))
+        rtt_factor = amount if kind == "rtt" else 1.0
+        out.append(_series("pathprobe_rtt_seconds", {**idle, "protocol": "tcp", "quantile": "0.5"},
+                           f"0.01x{FAULT_AT - 1} {0.01 * rtt_factor:g}x{MINUTES - FAULT_AT + 1}"))  # fmt: skip
         if path.dst.name == down:
             rtt = {**labels, "probe": "rtt"}
             out.append(_series("pathprobe_probe_runs_total", {**rtt, "result": "ok"}, _counter(60, 0)))
@@ -216,6 +219,12 @@ SMALL_CASES: dict[str, tuple[dict[Path_, tuple[str, float]], list[dict[str, str]
     "a Transit Gateway attachment halved": (
         {p: ("ratio", 0.55) for p in between(MESH, src_attachment="tgw-attach-tokyo", path_class="transit_gateway")},
         culprit_labels("transit_gateway", False, side="egress", attachment="tgw-attach-tokyo", region=TOKYO), ""),
+    # RTT is a round trip too: a delay between two regions raises both directions' RTT.
+    "a region pair's RTT tripled": (
+        {p: ("rtt", 3.0) for p in between(MESH, src_region=TOKYO, dst_region=OSAKA)
+         + between(MESH, src_region=OSAKA, dst_region=TOKYO)},
+        culprit_labels("region_pair", False, region=TOKYO, peer_region=OSAKA)
+        + culprit_labels("region_pair", False, region=OSAKA, peer_region=TOKYO), ""),
     "one path alone": ({p: ("ratio", 0.2) for p in between(MESH, src="tokyo-a2", dst="osaka-a1")}, [], ""),
     # Loss is a round trip: a host's loss marks its paths both ways; its zone (two hosts) stays unnamed.
     "a host's paths at 3% loss": (
@@ -243,6 +252,8 @@ def per_path_alerts(fault: dict[Path_, tuple[str, float]]) -> list[dict[str, str
             out.append({"alertname": "PathprobeThroughputBelowExpected", "severity": "warning", **test})
             if amount < 0.5:
                 out.append({"alertname": "PathprobeThroughputFarBelowExpected", "severity": "critical", **test})
+        elif kind == "rtt":
+            out.append({"alertname": "PathprobeRttAboveBaseline", "severity": "warning", **info, "protocol": "tcp"})
         else:
             out.append({"alertname": "PathprobePacketLossHigh", "severity": "warning", **info})
     return out
@@ -314,8 +325,11 @@ def held_alone(alertmanager: str, case: str, alerts: list[dict[str, Any]], named
     assert sorted(a["alertname"] for a in got) == sorted(n["alertname"] for n in named), got
     groups = [g for g in _api(f"{alertmanager}/api/v2/alerts/groups?inhibited=false&silenced=false")
               if any(a["labels"].get("case") == case for a in g["alerts"])]  # fmt: skip
-    # One notification per receiver its route names: a page and the region's channel for a critical one.
-    assert len(groups) == (2 if named[0]["severity"] == "critical" else 1), groups
+    # One notification per receiver its route names (a page and the region's channel for a critical
+    # one) and per region (the routing groups by alertname and region): a round trip's culprits in
+    # two regions are two.
+    regions = {n["region"] for n in pages(named)}
+    assert len(groups) == len(regions) * (2 if named[0]["severity"] == "critical" else 1), groups
 
 
 # --- 1,000 hosts through a real Prometheus ---------------------------------------------
