@@ -33,6 +33,7 @@ from typing import TypeVar
 
 import yaml
 
+from pathprobe import sockdiag
 from pathprobe.probes import steady as steady_state
 from pathprobe.probes.throughput import classify_error
 from pathprobe_lab import net, shaping
@@ -69,12 +70,12 @@ def shape(rate: float, rtt: float) -> None:
 
 def sample_delivered(stop: threading.Event, out: list[tuple[float, int, int]]) -> None:
     """(seconds, bytes the server acknowledged, bytes sent) on every connection to it, every
-    0.1 s, as the prober reads them (probes/steady.py)."""
+    0.1 s, as the prober reads them (probes/steady.py; `ss` here: this process is outside src's namespace)."""
     cmd = in_ns(ns("src"), ["ss", "-tinH", "state", "established", "dst", DST, "dport", "= :5201"])
     while not stop.is_set():
         at = time.monotonic()
-        text = subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
-        out.append((at, steady_state.delivered_bytes(text, "send"), steady_state.wire_bytes(text, "send")))
+        sockets = sockdiag.parse_ss(subprocess.run(cmd, capture_output=True, text=True, check=False).stdout)
+        out.append((at, steady_state.delivered_bytes(sockets, "send"), steady_state.wire_bytes(sockets, "send")))
         time.sleep(max(0.0, 0.1 - (time.monotonic() - at)))
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+import subprocess
 from pathlib import Path
 
 import pytest
 from loopback_mesh import unused_port
 
+from pathprobe import sockdiag
 from pathprobe.probes import ProbeFailure, Target, ThroughputProber, ThroughputTest
 from pathprobe.probes.steady import (
     Detector,
@@ -104,7 +106,7 @@ def run(binary: str, duration: float) -> ThroughputTest | ProbeFailure:
     test = ThroughputTest(duration_seconds=duration, omit_seconds=1, steady_state=Detector(), rtt_hint_seconds=0.01,
                           binary=binary, margin_seconds=3)  # fmt: skip
     # A port nothing listens on: the prober's sampler reads every connection to the target's
-    # port (ss), and one of a real iperf3 on this machine would stand in for the test's own.
+    # port (sock_diag), and one of a real iperf3 on this machine would stand in for the test's own.
     target = Target("127.0.0.1", unused_port())
     assert test.command(target)[test.command(target).index("-O") + 1] == "0" and "-J" not in test.command(target)
 
@@ -178,10 +180,11 @@ ESTAB 0 2896 198.18.1.2:40318 198.18.2.2:5201
 
 
 def test_delivered_bytes_are_the_peers_acknowledgements_or_what_this_host_received() -> None:
-    assert delivered_bytes(SS, "send") == 147 + 24903680
-    assert delivered_bytes(SS, "receive") == 4
-    assert wire_bytes(SS, "send") == 146 + 25165824  # what is billed: retransmissions included
-    assert wire_bytes(SS, "receive") == 4
+    sockets = sockdiag.parse_ss(SS)
+    assert delivered_bytes(sockets, "send") == 147 + 24903680
+    assert delivered_bytes(sockets, "receive") == 4
+    assert wire_bytes(sockets, "send") == 146 + 25165824  # what is billed: retransmissions included
+    assert wire_bytes(sockets, "receive") == 4
     samples = [(0.0, 0), (0.1, 0), (0.2, 1000), (0.3, 26000), (0.4, 51000)]
     got = delivered_intervals(samples)
     assert [round(i.start, 3) for i in got] == [0.0, 0.1, 0.2]  # from the sample before the first byte
@@ -189,8 +192,16 @@ def test_delivered_bytes_are_the_peers_acknowledgements_or_what_this_host_receiv
     assert delivered_intervals([(0.0, 0), (0.1, 0)]) == []
 
 
-def test_the_sampler_reads_a_real_connections_acknowledged_bytes() -> None:
-    """`ss` against a real loopback connection: what the prober's sampler reads during a test."""
+@pytest.mark.parametrize("reader", ["sock_diag", "ss"])
+def test_the_sampler_reads_a_real_connections_acknowledged_bytes(reader: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the prober's sampler reads during a test, from a real loopback connection: through
+    sock_diag netlink, and through `ss` where the kernel refuses netlink (stood in for here)."""
+    if reader == "ss":
+
+        def refused(address: str, port: int) -> list[sockdiag.SocketBytes]:
+            raise PermissionError(1, "sock_diag: refused")
+
+        monkeypatch.setattr(sockdiag, "tcp_sockets", refused)
 
     async def go() -> list[tuple[float, int]]:
         received = 0
@@ -245,3 +256,37 @@ def test_recorded_delivered_bytes_settle_within_2_percent_of_their_steady_state(
     seconds, rate = stop
     assert rate == pytest.approx(steady, rel=0.02), (trace.stem, rate / steady - 1)
     assert seconds < 0.4 * end, (trace.stem, seconds)
+
+
+def test_sock_diag_reads_what_ss_shows_of_a_real_connection() -> None:
+    """The netlink reader against `ss -tin` on the same live loopback connection, both ends."""
+
+    async def go() -> None:
+        done = asyncio.Event()
+
+        async def echo_some(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readexactly(3_000_000)
+            writer.write(b"y" * 12_345)
+            await writer.drain()
+            await done.wait()
+            writer.close()
+
+        server = await asyncio.start_server(echo_some, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"x" * 3_000_000)
+        await writer.drain()
+        await reader.readexactly(12_345)
+        await asyncio.sleep(0.05)  # the last acknowledgement
+        ss = subprocess.run(["ss", "-tinH", "state", "established", "dst", "127.0.0.1", "dport", f"= :{port}"],
+                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+        got = sockdiag.tcp_sockets("127.0.0.1", port)
+        assert got == sockdiag.parse_ss(ss)
+        # The client's socket alone: 3 MB sent and acknowledged (and its SYN), 12,345 bytes received.
+        assert got == [sockdiag.SocketBytes(sent=3_000_000, acked=3_000_001, received=12_345)]
+        assert sockdiag.tcp_sockets("127.0.0.1", unused_port()) == []
+        done.set()
+        writer.close()
+        server.close()
+
+    asyncio.run(go())

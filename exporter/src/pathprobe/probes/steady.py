@@ -2,9 +2,9 @@
 point from which more seconds would only confirm the rate.
 
 What is read: the bytes the receiver acknowledged (sent with "send") or this host received
-(with -R), summed over the test's sockets, from the kernel's TCP info (`ss -tin`:
-tcpi_bytes_acked, tcpi_bytes_received) every 0.1 s; where no socket shows them (no `ss`),
-iperf3's own interval reports. Measured in the lab (bench/steady_acked.py): iperf3's
+(with -R), summed over the test's sockets, from the kernel's TCP info (tcpi_bytes_acked,
+tcpi_bytes_received: sockdiag.py) every 0.1 s; where no socket shows them, iperf3's own
+interval reports. Measured in the lab (bench/steady_acked.py): iperf3's
 sender-side intervals count what iperf3 writes into a large socket buffer, in bursts with
 several streams, and stopped tests 3-12% off their steady state on 9 of 16 paths; the
 acknowledged bytes stopped every one of the 16 within 1% (1-150 ms, 200-500 Mbit/s, 1 and 4
@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..config import SteadyStateSettings
+from ..sockdiag import SocketBytes
 
 # iperf3's interval line, as printed with -f k: "[SUM]   0.30-0.40   sec  5.62 MBytes  47185 Kbits/sec ..."
 # (one stream: "[  5]" instead of "[SUM]"). The rate is exact to 1 kbit/s; the transfer
@@ -121,21 +123,15 @@ def mean_rate(intervals: list[Interval], start: float, end: float) -> float | No
     return bits / seconds if seconds > 0.5 * (end - start) else None
 
 
-# `ss -tinH` prints each socket's TCP info on one line: "... bytes_sent:130 bytes_acked:123 bytes_received:45 ...".
-_DELIVERED = {"send": re.compile(r"\bbytes_acked:(\d+)"), "receive": re.compile(r"\bbytes_received:(\d+)")}
-# On the wire (what is billed): sent, retransmissions included; or received.
-_WIRE = {"send": re.compile(r"\bbytes_sent:(\d+)"), "receive": _DELIVERED["receive"]}
-
-
-def delivered_bytes(ss_output: str, direction: str) -> int:
+def delivered_bytes(sockets: Iterable[SocketBytes], direction: str) -> int:
     """Bytes the test's sockets delivered so far: acknowledged by the peer ("send"), or
-    received from it ("receive"), summed over the sockets `ss -tin` shows."""
-    return sum(int(n) for n in _DELIVERED[direction].findall(ss_output))
+    received from it ("receive")."""
+    return sum(s.acked if direction == "send" else s.received for s in sockets)
 
 
-def wire_bytes(ss_output: str, direction: str) -> int:
+def wire_bytes(sockets: Iterable[SocketBytes], direction: str) -> int:
     """Bytes the test's sockets put on the wire so far (retransmissions included), or received."""
-    return sum(int(n) for n in _WIRE[direction].findall(ss_output))
+    return sum(s.sent if direction == "send" else s.received for s in sockets)
 
 
 def delivered_intervals(samples: list[tuple[float, int]]) -> list[Interval]:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import iperf3, procs
+from .. import iperf3, procs, sockdiag
 from ..config import Iperf3Settings, ThroughputSettings, default
 from .base import ProbeFailure, Reason, Target, ThroughputSink
 from .steady import Detector, Interval, delivered_bytes, delivered_intervals, parse_interval, wire_bytes
@@ -312,6 +312,25 @@ class ThroughputProber:
         return parse(out, test)
 
 
+async def _ss_sockets(target: Target) -> list[sockdiag.SocketBytes] | None:
+    """The sockets to the peer's iperf3 port as `ss -tin` shows them; None without `ss`."""
+    ss = shutil.which("ss")
+    if ss is None:
+        return None
+    peer = f"[{target.address}]" if ":" in target.address else target.address
+    proc = await asyncio.create_subprocess_exec(ss, "-tinH", "state", "established", "dst", peer, "dport",
+                                                f"= :{target.port}", stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
+    try:
+        out, _ = await proc.communicate()
+    except asyncio.CancelledError:  # the test ended: no ss left behind
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        raise
+    return sockdiag.parse_ss(out.decode(errors="replace"))
+
+
 class _SteadyState:
     """A steady-state test as it runs: the bytes its sockets delivered, read every 0.1 s, and
     iperf3's intervals, read line by line; SIGINT to iperf3 (which ends the test at once) when
@@ -337,29 +356,25 @@ class _SteadyState:
                     self.proc.send_signal(signal.SIGINT)  # iperf3 stops the test and exits
 
     async def sample(self) -> None:
-        """Until cancelled: the bytes the test's sockets delivered (`ss -tin` of the
-        connections to the peer's iperf3 port), every SAMPLE_SECONDS."""
-        ss = shutil.which("ss")
-        if ss is None:
-            return
-        address = self.target.address
-        peer = f"[{address}]" if ":" in address else address
-        cmd = [ss, "-tinH", "state", "established", "dst", peer, "dport", f"= :{self.target.port}"]
+        """Until cancelled: the bytes the test's sockets delivered (the connections to the peer's
+        iperf3 port), every SAMPLE_SECONDS: from the kernel's sock_diag in-process, or from
+        `ss -tin` where netlink is refused."""
         started = time.monotonic()
+        netlink = True
         while True:
             at = time.monotonic()
-            proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
-                                                        stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
-            try:
-                out, _ = await proc.communicate()
-            except asyncio.CancelledError:  # the test ended: no ss left behind
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
-                raise
-            text = out.decode(errors="replace")
-            self.samples.append((at - started, delivered_bytes(text, self.test.direction)))
-            self.wire = max(self.wire, wire_bytes(text, self.test.direction))
+            sockets = None
+            if netlink:
+                try:
+                    sockets = sockdiag.tcp_sockets(self.target.address, self.target.port)
+                except OSError:
+                    netlink = False
+            if sockets is None:
+                sockets = await _ss_sockets(self.target)
+                if sockets is None:
+                    return  # no `ss` either: iperf3's intervals decide
+            self.samples.append((at - started, delivered_bytes(sockets, self.test.direction)))
+            self.wire = max(self.wire, wire_bytes(sockets, self.test.direction))
             delivered = self.delivered()
             if delivered:
                 self._check(delivered)

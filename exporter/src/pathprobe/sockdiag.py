@@ -1,0 +1,112 @@
+"""The byte counters of the TCP sockets connected to one address and port, as `ss -ti` shows
+them, read in-process from the kernel's sock_diag netlink interface (linux/inet_diag.h): a
+steady-state test reads them ten times a second, and starting `ss` each time costs a process.
+
+A small reader of our own rather than pyroute2's DiagSocket: one dump request with a one-op
+filter and three fields of tcp_info, about 80 lines, against a new dependency that every
+host's wheelhouse (the Ansible role, Graviton included) would have to carry. `ss` stays the
+fallback where netlink is refused (parse_ss)."""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import itertools
+import os
+import re
+import socket
+import struct
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SocketBytes:
+    """One TCP socket's byte counters (tcp_info)."""
+
+    sent: int  # put on the wire, retransmissions included (tcpi_bytes_sent)
+    acked: int  # acknowledged by the peer (tcpi_bytes_acked)
+    received: int  # received from the peer (tcpi_bytes_received)
+
+
+NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY = 4, 20
+NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+INET_DIAG_REQ_BYTECODE, INET_DIAG_INFO = 1, 2
+INET_DIAG_BC_D_COND = 8
+TCP_ESTABLISHED = 1
+_HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, port id
+_INET_DIAG_MSG_SIZE = 72  # family, state, timer, retrans, the 48-byte socket id, five u32s
+# tcp_info (linux/tcp.h): the offsets of tcpi_bytes_acked, tcpi_bytes_received and tcpi_bytes_sent.
+_ACKED, _RECEIVED, _SENT = 120, 128, 200
+_SEQUENCE = itertools.count(1)
+
+
+def _request(address: str, port: int) -> bytes:
+    """A dump of the established TCP sockets whose destination is address:port, with tcp_info;
+    the kernel filters them (one D_COND op: match, jump to the end; else jump past it, reject)."""
+    ip = ipaddress.ip_address(address)
+    family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
+    cond = struct.pack("=BBxxi", family, ip.max_prefixlen, port) + ip.packed
+    op_length = 4 + len(cond)
+    bytecode = struct.pack("=BBH", INET_DIAG_BC_D_COND, op_length, op_length + 4) + cond
+    attribute = struct.pack("=HH", 4 + len(bytecode), INET_DIAG_REQ_BYTECODE) + bytecode
+    # inet_diag_req_v2: family, protocol, extensions (a bit per attribute, from 1), pad, states, socket id.
+    request = struct.pack("=BBBxI", family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 1 << TCP_ESTABLISHED)
+    request += bytes(48) + attribute
+    return _HEADER.pack(_HEADER.size + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP,
+                        next(_SEQUENCE), 0) + request  # fmt: skip
+
+
+def _tcp_info(message: bytes) -> SocketBytes | None:
+    """The counters from one inet_diag_msg's INET_DIAG_INFO attribute."""
+    offset = _INET_DIAG_MSG_SIZE
+    while offset + 4 <= len(message):
+        length, kind = struct.unpack_from("=HH", message, offset)
+        if length < 4:
+            break
+        if kind == INET_DIAG_INFO and length - 4 >= _SENT + 8:
+            acked, received = struct.unpack_from("=QQ", message, offset + 4 + _ACKED)
+            (sent,) = struct.unpack_from("=Q", message, offset + 4 + _SENT)
+            return SocketBytes(sent, acked, received)
+        offset += (length + 3) & ~3
+    return None
+
+
+def tcp_sockets(address: str, port: int) -> list[SocketBytes]:
+    """The counters of this network namespace's established TCP sockets to address:port.
+    OSError where the kernel refuses the request (then read `ss`: parse_ss)."""
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG) as sock:
+        sock.settimeout(1.0)
+        sock.send(_request(address, port))
+        found: list[SocketBytes] = []
+        while True:
+            data = sock.recv(65536)
+            offset = 0
+            while offset + _HEADER.size <= len(data):
+                length, kind, _, _, _ = _HEADER.unpack_from(data, offset)
+                if length < _HEADER.size:
+                    raise OSError(errno.EPROTO, f"sock_diag: a message of {length} bytes")
+                if kind == NLMSG_DONE:
+                    return found
+                if kind == NLMSG_ERROR:
+                    (error,) = struct.unpack_from("=i", data, offset + _HEADER.size)
+                    raise OSError(-error, f"sock_diag: {errno.errorcode.get(-error, '')} {os.strerror(-error)}")
+                info = _tcp_info(data[offset + _HEADER.size : offset + length])
+                if info is not None:
+                    found.append(info)
+                offset += (length + 3) & ~3
+
+
+# `ss -tinH` prints each socket's TCP info on one line: "... bytes_sent:130 bytes_acked:123 bytes_received:45 ...".
+_SS_FIELD = {name: re.compile(rf"\bbytes_{name}:(\d+)") for name in ("sent", "acked", "received")}
+
+
+def parse_ss(text: str) -> list[SocketBytes]:
+    """The counters of each socket `ss -tinH` printed (a counter it does not show is 0)."""
+
+    def field(line: str, name: str) -> int:
+        m = _SS_FIELD[name].search(line)
+        return int(m[1]) if m else 0
+
+    return [SocketBytes(field(line, "sent"), field(line, "acked"), field(line, "received"))
+            for line in text.splitlines() if "bytes_" in line]  # fmt: skip
