@@ -32,6 +32,7 @@ from pathprobe.exporter import Exporter
 from pathprobe.mesh import Member, Policy, links
 from pathprobe.metrics import TestKey, registry
 from pathprobe.metrics.rtt import STATES
+from pathprobe.plan import plan
 from pathprobe.probes import ThroughputResult
 from pathprobe.schedule import Schedule
 from pathprobe.web import Snapshot, Stats
@@ -155,6 +156,49 @@ def row(hosts: int, regions: int, name: str, args: argparse.Namespace, model: Se
             f"{len(inter)} inter-region links; targets {'met' if ok else 'missed'}"]  # fmt: skip
 
 
+# The budget plan (pathprobe plan, plan.py) of each fleet's busiest host: c6gn.xlarge everywhere,
+# the default tests (TCP x1 and x8, 1 + 5 s) and budget (50 GB a day), example prices.
+PLAN_INSTANCE = "c6gn.xlarge"
+PLAN_PRICES = {"inter_region": 0.02, "intra_region": 0.01}
+
+
+def busiest_host_config(hosts: int, regions: int, policy: Policy) -> Config:
+    """The config of the host with the most throughput links: every other member a peer, each
+    path's class by region (intra or inter), this policy for both kinds of probes."""
+    members = fleet(hosts, regions)
+    degree: dict[str, int] = defaultdict(int)
+    for a, b in links(members, policy):
+        degree[a] += 1
+        degree[b] += 1
+    me = max(members, key=lambda m: (degree[m.name], m.name))
+    peers = [{"name": m.name, "address": f"10.{i // 250}.{i % 250}.{1 + i // 62500}", "region": m.region,
+              "zone": m.zone, "instance_type": PLAN_INSTANCE,
+              "path_class": "intra_region" if m.region == me.region else "inter_region"}
+             for i, m in enumerate(members) if m is not me]  # fmt: skip
+    return Config.model_validate({
+        "host": {"name": me.name, "address": "10.255.255.1", "region": me.region, "zone": me.zone,
+                 "instance_type": PLAN_INSTANCE},
+        "peers": peers, "mesh": {"rtt": policy.model_dump()},
+        "budget": {"price_per_gb": PLAN_PRICES, "state_file": "/nonexistent/budget.json"},
+    })  # fmt: skip
+
+
+def plan_rows() -> list[list[str]]:
+    rows = []
+    for hosts, regions in FLEETS:
+        for name in ("full_mesh", "hierarchical k=2"):
+            cfg = busiest_host_config(hosts, regions, POLICIES[name][0])
+            cells = [str(hosts), str(regions), name, str(len(cfg.throughput_peers))]
+            for steady in (False, True):
+                p = plan(cfg, steady_state=steady)
+                fits = p.within_budget()
+                cells += [f"{p.bytes_per_rotation / 1e9:,.0f} GB", f"{fits.slot_seconds:,.0f} s",
+                          f"{fits.rotation_seconds / 3600:,.1f} h", f"{fits.tests_per_peer_per_day:.2f}"]  # fmt: skip
+            cells.append(f"${p.within_budget().cost_per_day:.2f}")
+            rows.append(cells)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--slot-seconds", type=float, default=120)
@@ -173,6 +217,17 @@ def main() -> int:
     print("| " + " | ".join(head) + " |")
     print("|" + " --- |" * len(head))
     for r in rows:
+        print("| " + " | ".join(r) + " |")
+    head = ["hosts", "regions", "policy", "throughput peers (busiest host)",
+            "fixed: GB per rotation", "slot", "rotation", "tests per peer per day",
+            "steady-state: GB per rotation", "slot", "rotation", "tests per peer per day", "cost per day"]  # fmt: skip
+    print(
+        f"\nwithin the 50 GB daily budget (pathprobe plan; busiest host, {PLAN_INSTANCE}, default tests, "
+        f"example prices {PLAN_PRICES}):\n"
+    )
+    print("| " + " | ".join(head) + " |")
+    print("|" + " --- |" * len(head))
+    for r in plan_rows():
         print("| " + " | ".join(r) + " |")
     return 0
 

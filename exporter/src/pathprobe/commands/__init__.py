@@ -16,10 +16,10 @@ from types import ModuleType
 
 from .. import __version__, logs
 from ..yamlfile import ConfigError
-from . import alerts, capacity, firewall, limits, probe, run, serve
+from . import alerts, capacity, firewall, limits, plan, probe, run, serve
 from .common import EXIT_BAD_INPUT
 
-VERBS: list[ModuleType] = [run, serve, probe, alerts, capacity, limits, firewall]
+VERBS: list[ModuleType] = [run, serve, probe, alerts, capacity, plan, limits, firewall]
 
 
 def plugins() -> list[ModuleType]:
