@@ -207,7 +207,8 @@ def one_fault(prom: str, am: str, log: Path, rotation: float, fault: tuple[str, 
     ok = (to_page is not None and {warning_form(h) for h in holding} == {want}
           and {warning_form(n) for n in named} <= {want} and {warning_form(n) for n in notified} == {want})  # fmt: skip
     sent = "; ".join(f"{n} x{notified.count(n)}" for n in sorted(set(notified))) or "-"
-    return [name, "; ".join(sorted(holding)) or "-", "; ".join(sorted(named - {want})) or "none", str(behind),
+    others = sorted(n for n in named if warning_form(n) != want)
+    return [name, "; ".join(sorted(holding)) or "-", "; ".join(others) or "none", str(behind),
             sent, "-" if to_page is None else f"{to_page:.0f} s",
             "-" if to_quiet is None else f"{to_quiet:.0f} s", "yes" if ok else "NO"]  # fmt: skip
 
