@@ -58,9 +58,11 @@ def test_steady_state_tests_are_planned_at_their_measured_length_udp_at_full_len
     assert {t.seconds for t in plan(on, steady_state=False).tests} == {6.0}
 
 
-def test_a_large_budget_leaves_the_slot_its_tests_need() -> None:
+def test_a_large_budget_leaves_the_slot_its_tests_need_and_none_fits_no_test() -> None:
     cfg = Config.model_validate(config(budget={"daily_bytes": "10PB"}))
     assert plan(cfg).within_budget().slot_seconds == 2 * cfg.half_slot_need()
+    nothing = plan(Config.model_validate(config(budget={"daily_bytes": 0}))).within_budget()
+    assert nothing.slot_seconds == float("inf") and nothing.tests_per_peer_per_day == 0
 
 
 def test_the_command_prints_the_cadence_and_says_what_to_set(tmp_path: Path) -> None:

@@ -76,8 +76,11 @@ class Plan:
         )  # fmt: skip
 
     def within_budget(self) -> Cadence:
-        """The shortest whole-second slot whose rotations move no more than the daily budget."""
-        budget_slot = self.bytes_per_rotation * SECONDS_PER_DAY / (self.rounds * self.daily_bytes)
+        """The shortest whole-second slot whose rotations move no more than the daily budget
+        (an endless one for a budget of nothing)."""
+        if self.daily_bytes <= 0 < self.bytes_per_rotation:
+            return self.cadence(math.inf)
+        budget_slot = self.bytes_per_rotation * SECONDS_PER_DAY / (self.rounds * max(1, self.daily_bytes))
         return self.cadence(float(math.ceil(max(self.needed_slot_seconds, budget_slot))))
 
 

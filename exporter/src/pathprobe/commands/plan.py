@@ -57,7 +57,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     configured, fits = p.cadence(cfg.schedule.slot_seconds), p.within_budget()
     print(_row("configured", configured))
     print(_row(f"within {p.daily_bytes / 1e9:g} GB a day", fits))
-    if configured.bytes_per_day > p.daily_bytes:
+    if p.daily_bytes <= 0:
+        print("\nA budget of 0 bytes allows no test: budget.daily_bytes must be set for throughput tests to run.")
+    elif configured.bytes_per_day > p.daily_bytes:
         spent = _duration(86400 * p.daily_bytes / configured.bytes_per_day)
         print(f"\nThe configured slot spends the budget after {spent} of each day; tests then stop until "
               f"midnight UTC. Set schedule.slot_seconds: {fits.slot_seconds:g}.")  # fmt: skip
