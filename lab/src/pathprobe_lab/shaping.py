@@ -198,9 +198,10 @@ def ensure_delay_line(state: State) -> bool:
 
 
 def set_path(state: State, src: str, dst: str, spec: PathSpec) -> None:
-    """One directed path's shaping. Only what changed is applied again (the rate on the router's
-    link towards dst, the loss table, the delay rules), so that impairing one path leaves the
-    queues and packets of every other path alone."""
+    """One directed path's shaping. Only what changed is applied again: a rate re-creates the
+    qdisc of the router's link towards dst (which the other paths into dst share), a loss the
+    loss table (one nft transaction), a delay the delay rules and the delay line (every path's).
+    So a rate or loss change leaves the queues and packets of the paths into other hosts alone."""
     state.index(src)  # validates the name
     j = state.index(dst)
     before = state.spec(src, dst)
