@@ -4,7 +4,8 @@ schedule gives them, so its peers cut its early tests. Real processes on loopbac
 grace, less than a half slot). The skewed host counts those refusals as `out_of_turn`, not
 `error`; its peers count them too; no host is ever in two tests at once; every host reads each
 peer's clock offset from the echoes; and a real Prometheus on the shipped rules fires
-PathprobeClockOffsetHigh for h0 alone."""
+PathprobeClockOffsetHigh for h0 alone. One-way delays are read between the unskewed hosts and
+withheld, as clocks that disagree, against h0."""
 
 import re
 from itertools import combinations
@@ -67,6 +68,15 @@ def test_a_host_whose_clock_is_ahead_is_refused_as_out_of_turn_and_never_overlap
         assert count(peers[1], offset, peer="h0") == pytest.approx(SKEW, abs=0.05)
         assert count(peers[0], offset, peer="h2") == pytest.approx(0, abs=0.01)
         assert count(skewed, offset, peer="h1") == pytest.approx(-SKEW, abs=0.05)
+        # One-way delays (every host states a bound of 0.1 us: one kernel clock): h1 reads h2's,
+        # some microseconds each way; it withholds h0's, whose clock is SKEW off against that bound.
+        trusted, delay = "pathprobe_owd_trusted", "pathprobe_owd_seconds"
+        assert count(peers[0], trusted, peer="h2") == 1
+        for direction in ("forward", "reverse"):
+            assert 0 < count(peers[0], delay, peer="h2", direction=direction, state="idle", quantile="0.5") < 0.005
+        assert count(peers[0], trusted, peer="h0") == 0
+        assert count(peers[0], "pathprobe_owd_untrusted_info", peer="h0", reason="clocks_disagree") == 1
+        assert count(peers[0], delay + "_count", peer="h0") == 0
         # The alert that names the host whose clock is off, evaluated by a real Prometheus on the
         # shipped rules (only `for:` and the evaluation interval shortened): h0 differs from both
         # its peers; h1 and h2 agree with each other, so neither is named.

@@ -13,6 +13,7 @@ from pathprobe.config import LossSettings
 from pathprobe.probes import EchoProber, Target
 from pathprobe.probes.report import ReportSink, RttReport
 from pathprobe.responders.echo import EchoResponder
+from pathprobe.wire import ECHO_CLOCKS, ECHO_CLOCKS_OFFSET
 from pathprobe.wire import ECHO_HEADER as HEADER
 from pathprobe.wire import ECHO_MAGIC as MAGIC
 from pathprobe.wire import ECHO_REFUSAL as REFUSAL
@@ -246,3 +247,21 @@ def test_a_refusing_port_counts_each_packet_once() -> None:
     assert report.sent == 40
     assert report.failures["refused"] + report.lost == 40, (report.failures, report.lost)
     assert report.failures["refused"] >= 36  # every one, but for a reply lost to a full queue
+
+
+def test_each_echo_gives_both_one_way_delays_and_the_responders_bound() -> None:
+    """The responder's stamps (its kernel's arrival, its clock as it answered) against this host's
+    send and arrival stamps: each direction's delay, and the clock error bound it states."""
+    seen: list[tuple[float, float, float | None]] = []
+    c, _ = client()
+    c.sink.one_way = lambda forward, reverse, bound: seen.append((forward, reverse, bound))  # type: ignore[method-assign]
+    resp = EchoResponder(AllowList(["0.0.0.0/0"]), max_pps_per_source=100, count=lambda *_: None, bound=lambda: 50e-6)
+    echoes: list[bytes] = []
+    resp.sendto = lambda data, addr: echoes.append(data)  # type: ignore[method-assign]
+    sent = time.time_ns() - 10_000_000
+    for seq, size in enumerate((64, 52)):  # room for the bound, and only for the clocks
+        send(c, seq, time.perf_counter())
+        resp.datagram_received(packet(seq, size, sent), ("198.18.1.2", 4000), arrived_ns=sent + 3_000_000)
+        _, answered = ECHO_CLOCKS.unpack_from(echoes[-1], ECHO_CLOCKS_OFFSET)
+        c.datagram_received(echoes[-1], ("198.18.1.2", 9470), arrived_ns=answered + 2_000_000)
+    assert seen == [(0.003, 0.002, 50e-6), (0.003, 0.002, None)]

@@ -233,6 +233,25 @@ class Iperf3Settings(Strict):
     admit: Literal["turn", "peers", "anyone"] = "turn"
 
 
+class ClockSettings(Strict):
+    """This host's clock error bound, which one-way delays need (clock.py): ClockBound's
+    segment, chronyd's tracking, or a stated figure; `auto`: ClockBound where it runs, else chronyd."""
+
+    source: Literal["auto", "clockbound", "chrony", "stated"] = "auto"
+    error_bound_seconds: float | None = Field(default=None, gt=0, le=10)  # with source: stated
+    clockbound_path: Path = Path("/var/run/clockbound/shm0")
+    chronyc: str = "chronyc"
+    refresh_seconds: float = Field(default=16, ge=1, le=3600)
+    # A one-way delay is trusted while both ends' bounds added stay within this share of it.
+    max_error_share: float = Field(default=0.1, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _stated_needs_a_figure(self) -> ClockSettings:
+        if (self.source == "stated") != (self.error_bound_seconds is not None):
+            raise ValueError("error_bound_seconds is set with source: stated, and only then")
+        return self
+
+
 class Responders(Strict):
     listen: IPvAnyAddress = ipaddress.IPv4Address("0.0.0.0")
     rr_port: int = Field(default=9470, ge=1, le=65535)
@@ -359,6 +378,7 @@ class Config(Strict):
     iperf3: Iperf3Settings = Iperf3Settings()
     web: WebSettings = WebSettings()
     budget: BudgetSettings = BudgetSettings()
+    clock: ClockSettings = ClockSettings()
     # This host's tcp_rmem / tcp_wmem maximum for the buffer bounds; None reads /proc at start.
     tcp_rmem_max_bytes: Bytes | None = None
     tcp_wmem_max_bytes: Bytes | None = None

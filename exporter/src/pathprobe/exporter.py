@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from . import ena, responders
 from .allow import AllowList
 from .budget import Budget
+from .clock import ClockErrorBound
 from .config import Config, Peer
 from .expected import ExpectedTracker
 from .metrics import Rooms
@@ -49,7 +50,7 @@ STOP_SECONDS = 4.0
 ALLOWANCES_READ_SECONDS = 10.0
 # What a reload cannot change: the listening sockets, the iperf3 server and the budget's file
 # are set up once at start (systemctl restart applies them).
-RESTART_ONLY = ("host", "responders", "iperf3", "web", "budget")
+RESTART_ONLY = ("host", "responders", "iperf3", "web", "budget", "clock")
 
 
 class Prepared(NamedTuple):
@@ -109,7 +110,8 @@ class Exporter:
         self.timetable = Timetable(schedule_view(cfg), epoch_of(cfg))
         # Late-bound: a test may put its own load_state on the exporter.
         load_state = lambda peer, now: self.load_state(peer, now)  # noqa: E731, PLW0108 - late binding, see above
-        self.rooms = Rooms(cfg, self.timetable, self.budget, load_state, clock)
+        self.clock_bound = ClockErrorBound(cfg.clock)
+        self.rooms = Rooms(cfg, self.timetable, self.budget, load_state, self.clock_bound, clock)
         self._configure(cfg, ExpectedTracker(cfg, self.rooms.throughput))
         self.turns = ThroughputTurns(Plan(cfg, self.timetable, self.tracker), self.rooms.throughput, self.rooms.host,
                                      self.budget, clock)  # fmt: skip
@@ -262,13 +264,13 @@ class Exporter:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until `stop` is set; raises responders.ResponderError when a port is taken."""
-        running = await responders.start(
-            self.cfg.responders, self.cfg.iperf3, self.allowed, self.rooms.host, self.iperf3_admission
-        )
+        running = await responders.start(self.cfg.responders, self.cfg.iperf3, self.allowed, self.rooms.host,
+                                         self.iperf3_admission, lambda: self.clock_bound.seconds)  # fmt: skip
         self.responders_listening = True
         self._probing = self._start_probers()
         background = [asyncio.create_task(self.turns.run(stop), name="throughput"),
-                      asyncio.create_task(self.read_allowances(), name="allowances")]  # fmt: skip
+                      asyncio.create_task(self.read_allowances(), name="allowances"),
+                      asyncio.create_task(self.clock_bound.run(), name="clock-bound")]  # fmt: skip
         try:
             await stop.wait()
         finally:

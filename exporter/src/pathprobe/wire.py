@@ -18,7 +18,10 @@ the count at zero (an older version) only loses the per-direction split. When th
 request has room (52 bytes or more), the responder also writes its wall clock (u64 ns)
 as it took the request and as it answered into the padding's first 16 bytes: the
 prober's offset to the responder's clock (NTP's on-wire method, RFC 5905 section 8);
-an older responder leaves them zero.
+an older responder leaves them zero. With room for 8 more (60 bytes or more), it writes its
+clock error bound (u64 ns, zero when it knows none: clock.py) after them, and the stamp as it
+took the request is the kernel's receive stamp where the socket gives one: with the prober's
+own kernel stamps, each echo gives the one-way delay of each direction.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ ECHO_HOLD_OFFSET = 20
 ECHO_REFLECTED = struct.Struct("!QQ")  # hold time, received count: what the responder fills in
 ECHO_CLOCKS = struct.Struct("!QQ")  # the responder's wall clock as it took the request, as it answered
 ECHO_CLOCKS_OFFSET = ECHO_HEADER.size
+ECHO_BOUND = struct.Struct("!Q")  # the responder's clock error bound, ns (0: unknown)
+ECHO_BOUND_OFFSET = ECHO_CLOCKS_OFFSET + ECHO_CLOCKS.size
 ECHO_MAGIC = b"PPUE"
 ECHO_REFUSED = b"PPUN"
 ECHO_REFUSAL = struct.Struct("!4sQ")

@@ -16,6 +16,9 @@ from .topology import LabHost, Topology, address, resolve
 METRICS_PORT = 9469
 
 
+LAB_CLOCK_ERROR_BOUND = 1e-6
+
+
 def exporter_config(
     topo: Topology, host_name: str, state_dir: Path, slot_seconds: float, probe_overrides: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -59,6 +62,9 @@ def exporter_config(
         "probes": probes,
         "schedule": {"slot_seconds": slot_seconds, "jitter_seconds": 1, "timeout_margin_seconds": 3},
         "web": {"listen": f"{address(index[me.name])}:{METRICS_PORT}"},
+        # The lab's hosts share one kernel clock: their offset is zero, and a microsecond covers
+        # the stamps' own error, so one-way delays are exact here (clock.py).
+        "clock": {"source": "stated", "error_bound_seconds": LAB_CLOCK_ERROR_BOUND},
         "budget": {
             "daily_bytes": "200GB",
             "state_file": str(state_dir / f"{me.name}-budget.json"),

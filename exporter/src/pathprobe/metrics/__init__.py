@@ -12,6 +12,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
 from ..budget import Budget
+from ..clock import ClockErrorBound
 from ..config import Config
 from ..probes.base import EchoSink, MtuSink, RttSink, RttTee
 from ..schedule import Timetable
@@ -22,6 +23,7 @@ from .echo import MtuSink as MtuRoomSink
 from .host import HostRoom
 from .info import ConfigInfo
 from .outcomes import OutcomesRoom
+from .owd import OwdRoom
 from .rtt import LoadState, RttRoom
 from .rtt import RttSink as RttRoomSink
 from .throughput import ThroughputRoom
@@ -32,18 +34,19 @@ __all__ = ["Rooms", "TestKey", "registry"]
 class Rooms:
     """Every room of one exporter, in the order /metrics shows them."""
 
-    def __init__(self, cfg: Config, timetable: Timetable, budget: Budget, load_state: LoadState,
-                 clock: Callable[[], float] = time.time):  # fmt: skip
+    def __init__(self, cfg: Config, timetable: Timetable, budget: Budget, load_state: LoadState,  # noqa: PLR0913, PLR0917 - each room's inputs
+                 clock_bound: ClockErrorBound, clock: Callable[[], float] = time.time):  # fmt: skip
         self.info = ConfigInfo(cfg)
         self.outcomes = OutcomesRoom(cfg, clock)
         self.throughput = ThroughputRoom(cfg, self.outcomes.ledger("throughput"))
         self.rtt = RttRoom(cfg, load_state, clock)
         self.echo = EchoRoom(cfg, load_state, self.rtt, clock)
+        self.owd = OwdRoom(cfg, load_state, clock_bound, self.echo.clock_offset, clock)
         self.host = HostRoom(cfg, timetable, budget, clock)
 
     def use(self, cfg: Config, timetable: Timetable) -> None:
         """A reload: every room serves `cfg` and forgets the peers it no longer probes."""
-        for room in (self.info, self.outcomes, self.throughput, self.rtt, self.echo):
+        for room in (self.info, self.outcomes, self.throughput, self.rtt, self.echo, self.owd):
             room.use(cfg)
         self.host.use(cfg, timetable)
 
@@ -52,7 +55,7 @@ class Rooms:
         return RttTee(RttRoomSink(self.rtt, self.outcomes.ledger("rtt"), self.echo, peer, size), window)
 
     def echo_sink(self, peer: str) -> EchoSink:
-        return EchoRoomSink(self.echo, self.outcomes.ledger("loss"), peer)
+        return EchoRoomSink(self.echo, self.outcomes.ledger("loss"), peer, self.owd)
 
     def mtu_sink(self, peer: str) -> MtuSink:
         return MtuRoomSink(self.echo, self.outcomes.ledger("mtu"), peer)
@@ -63,6 +66,6 @@ def registry(rooms: Rooms) -> CollectorRegistry:
     r = CollectorRegistry(auto_describe=False)
     ProcessCollector(registry=r)
     PlatformCollector(registry=r)
-    for room in (rooms.info, rooms.throughput, rooms.rtt, rooms.echo, rooms.outcomes, rooms.host):
+    for room in (rooms.info, rooms.throughput, rooms.rtt, rooms.echo, rooms.owd, rooms.outcomes, rooms.host):
         r.register(room)
     return r

@@ -16,6 +16,7 @@ from ..config import Config
 from ..probes import Reason
 from .common import PEER, STATE_DOC, Room, Scope, counter, gauge, peer_labels
 from .outcomes import Ledger
+from .owd import OwdRoom
 from .rtt import STATES, LoadState, RttRoom
 
 UDP_COUNTS = ("sent", "received", "lost", "duplicate", "reordered", "late")
@@ -204,8 +205,8 @@ class EchoRoom(Room):
 class EchoSink:
     """UDP echo outcomes of one peer (probes.base.EchoSink); its RTTs go to the RTT room."""
 
-    def __init__(self, room: EchoRoom, ledger: Ledger, peer: str):
-        self.room, self.ledger, self.peer = room, ledger, peer
+    def __init__(self, room: EchoRoom, ledger: Ledger, peer: str, owd: OwdRoom):
+        self.room, self.ledger, self.peer, self.owd = room, ledger, peer, owd
 
     def sent(self, size: int) -> None:
         self.room.count(self.peer, "sent")
@@ -244,6 +245,9 @@ class EchoSink:
 
     def clock_offset(self, seconds: float) -> None:
         self.room.set_clock_offset(self.peer, seconds)
+
+    def one_way(self, forward: float, reverse: float, peer_bound: float | None) -> None:
+        self.owd.observe(self.peer, forward, reverse, peer_bound)
 
 
 class MtuSink:

@@ -126,19 +126,25 @@ class EchoProber:
             self.sink.jitter(self._jitter)
         self._last_rtt = rtt
         self.sink.received(rtt)
-        self._clock_offset(sent_ns, data)
+        self._clocks(sent_ns, arrived_ns, data)
 
-    def _clock_offset(self, sent_ns: int, echo: bytes) -> None:
-        """The peer's clock offset from an echo's stamps, when its responder stamps (wire.py).
-        The echo's own send stamp and this read's time are both this process's wall clock."""
+    def _clocks(self, sent_ns: int, arrived_ns: int, echo: bytes) -> None:
+        """From an echo's stamps, when its responder stamps (wire.py): the peer's clock offset,
+        and each direction's delay (the responder's stamps against this host's send and arrival
+        stamps, the kernel's where the sockets give them)."""
         if len(echo) < wire.ECHO_CLOCKS_OFFSET + wire.ECHO_CLOCKS.size:
             return
         took_ns, answered_ns = wire.ECHO_CLOCKS.unpack_from(echo, wire.ECHO_CLOCKS_OFFSET)
         if took_ns == 0:
             return
-        offset, delay = stamps.clock_offset(sent_ns, took_ns, answered_ns, time.time_ns())
+        offset, delay = stamps.clock_offset(sent_ns, took_ns, answered_ns, arrived_ns)
         self._offsets.append((delay, offset))
         self.sink.clock_offset(min(self._offsets)[1])
+        peer_bound = None
+        if len(echo) >= wire.ECHO_BOUND_OFFSET + wire.ECHO_BOUND.size:
+            (bound_ns,) = wire.ECHO_BOUND.unpack_from(echo, wire.ECHO_BOUND_OFFSET)
+            peer_bound = bound_ns / 1e9 if bound_ns else None
+        self.sink.one_way((took_ns - sent_ns) / 1e9, (arrived_ns - answered_ns) / 1e9, peer_bound)
 
     def _echoed(self, flow: int, index: int, reflected: int) -> None:
         f = self._flows[flow]

@@ -120,6 +120,9 @@ class ReportSink:
     def clock_offset(self, seconds: float) -> None:
         pass
 
+    def one_way(self, forward: float, reverse: float, peer_bound: float | None) -> None:
+        pass  # a one-off probe states no clock bound of its own: the exporter reports one-way delays
+
     def lost_by_direction(self, forward: int, reverse: int) -> None:
         self.r.lost_forward, self.r.lost_reverse = forward, reverse
 

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+from collections.abc import Callable
 from typing import Protocol
 
 from .. import wire
@@ -82,11 +83,17 @@ class Events(Protocol):
     def iperf3_restarted(self) -> None: ...
 
 
-async def start(
-    settings: Responders, iperf3: Iperf3Settings, allow: AllowList, events: Events, iperf3_admit: Admit | None = None
+async def start(  # noqa: PLR0913, PLR0917 - each responder's settings and hooks
+    settings: Responders,
+    iperf3: Iperf3Settings,
+    allow: AllowList,
+    events: Events,
+    iperf3_admit: Admit | None = None,
+    clock_bound: Callable[[], float | None] = lambda: None,
 ) -> Running:
     """Start every responder; raises ResponderError when one cannot listen. iperf3 tests
-    are admitted by `iperf3_admit` (default: the allow-list; None with iperf3.admit "anyone")."""
+    are admitted by `iperf3_admit` (default: the allow-list; None with iperf3.admit "anyone").
+    `clock_bound()`: this host's clock error bound, which the echo responder states."""
     count: Count = events.count_request
     listen = str(settings.listen)
     if iperf3.admit == "anyone":
@@ -102,7 +109,8 @@ async def start(
 
     check_port_free("iperf3 server", listen, iperf3.port)
     rr = RrResponder(allow, settings.rr_max_connections_per_source, lambda result: count("rr", result, 1))
-    echo = EchoResponder(allow, settings.echo_max_pps_per_source, lambda result, n=1: count("echo", result, n))
+    echo = EchoResponder(allow, settings.echo_max_pps_per_source, lambda result, n=1: count("echo", result, n),
+                         clock_bound)  # fmt: skip
     rr_server = await rr.start(listen, settings.rr_port)
     try:
         await echo.start(listen, settings.echo_port)

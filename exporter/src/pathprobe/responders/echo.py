@@ -24,11 +24,13 @@ SO_RXQ_OVFL = 40
 
 
 class EchoResponder:
-    def __init__(self, allow: AllowList, max_pps_per_source: float, count: Callable[..., None]):
+    def __init__(self, allow: AllowList, max_pps_per_source: float, count: Callable[..., None],
+                 bound: Callable[[], float | None] = lambda: None):  # fmt: skip
         """`count(result, n=1)`: outcomes of datagrams, including those the kernel dropped
         because the socket's queue was full (SO_RXQ_OVFL): the responder was overloaded, which
-        the prober would otherwise read as path loss."""
-        self.allow = allow
+        the prober would otherwise read as path loss. `bound()`: this host's clock error bound
+        (seconds, None: unknown), sent with every answer that has room for it."""
+        self.allow, self.bound = allow, bound
         self._queue_drops = 0  # the kernel's cumulative count, as last seen
         self.max_pps = max_pps_per_source
         self.count = count
@@ -38,7 +40,7 @@ class EchoResponder:
         self._pktinfo: list[tuple[int, int, bytes]] = []
 
     def datagram_received(self, data: bytes, addr: tuple[str, int], arrived_ns: int | None = None) -> None:
-        took_ns = time.time_ns()
+        took_ns = arrived_ns or time.time_ns()  # the kernel's stamp: the forward delay ends as the packet arrived
         if data[:4] != wire.ECHO_MAGIC or len(data) < wire.ECHO_HEADER.size:
             self.count("malformed")
             return
@@ -67,6 +69,9 @@ class EchoResponder:
         wire.ECHO_REFLECTED.pack_into(answer, wire.ECHO_HOLD_OFFSET, hold, received)
         if clocks:
             wire.ECHO_CLOCKS.pack_into(answer, wire.ECHO_CLOCKS_OFFSET, took_ns, answered_ns)
+        if len(data) >= wire.ECHO_BOUND_OFFSET + wire.ECHO_BOUND.size:
+            bound = self.bound()
+            wire.ECHO_BOUND.pack_into(answer, wire.ECHO_BOUND_OFFSET, round(bound * 1e9) if bound else 0)
         self.sendto(answer, addr)
 
     def sendto(self, data: bytes | bytearray, addr: tuple[str, int]) -> None:

@@ -1,0 +1,76 @@
+"""One-way delays in the lab: its hosts share one kernel clock (offset zero, a bound of 1 us
+stated), so the exporters' forward and reverse delays can be held against the delay line's.
+An asymmetric path (30 ms out, 44 ms back) reads within 0.2 ms each way; 10 ms added live to
+one direction moves that direction only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import scrape, start_exporter, topology, value, wait_for
+from pathprobe_lab import net, shaping
+from pathprobe_lab.configs import METRICS_PORT, exporter_config
+from pathprobe_lab.state import State
+from pathprobe_lab.topology import PathSpec, address
+
+pytestmark = pytest.mark.lab
+
+TOPO = topology("""
+hosts:
+  - {name: east, region: ap-northeast-1, zone: ap-northeast-1a}
+  - {name: west, region: ap-southeast-1, zone: ap-southeast-1a}
+paths:
+  - {between: [east, west], one_way_delay: 30ms}
+""")
+OUT, BACK, ADDED = 0.030, 0.044, 0.010
+WINDOW = 20  # the exporters' quantile window: a live change moves the median within 10 s
+TOLERANCE = 0.0002
+
+
+def set_delay(src: str, dst: str, seconds: float) -> None:
+    state = State.load()
+    assert state is not None
+    spec = state.spec(src, dst)
+    shaping.set_path(state, src, dst, PathSpec(spec.rate, seconds, spec.loss, spec.path_class))
+
+
+@pytest.fixture(scope="module")
+def east(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """east's metrics address, with east and west probing each other (no throughput tests)."""
+    work: Path = tmp_path_factory.mktemp("owd")
+    net.up(TOPO)
+    set_delay("west", "east", BACK)
+    for h in TOPO.hosts:
+        cfg = exporter_config(TOPO, h.name, work, 20, {"throughput": {"enabled": False},
+                                                       "rtt": {"quantile_window_seconds": WINDOW}})  # fmt: skip
+        start_exporter(h.name, cfg, work)
+    yield f"{address(1)}:{METRICS_PORT}"
+    net.down()
+
+
+def medians(metrics: str) -> tuple[float, float] | None:
+    """east's idle forward and reverse one-way delay medians to west, once trusted."""
+    s = scrape(metrics)
+    if value(s, "pathprobe_owd_trusted", peer="west") != 1:
+        return None
+    found = [value(s, "pathprobe_owd_seconds", peer="west", direction=d, state="idle", quantile="0.5")
+             for d in ("forward", "reverse")]  # fmt: skip
+    return (found[0], found[1]) if found[0] is not None and found[1] is not None else None
+
+
+def test_an_asymmetric_path_reads_each_way_and_a_live_change_moves_one(east: str) -> None:
+    forward, reverse = wait_for("both directions' delays", lambda: medians(east), timeout=60)
+    assert forward == pytest.approx(OUT, abs=TOLERANCE) and reverse == pytest.approx(BACK, abs=TOLERANCE)
+    s = scrape(east)
+    assert value(s, "pathprobe_owd_error_bound_seconds", peer="west") == pytest.approx(2e-6)
+    set_delay("east", "west", OUT + ADDED)
+
+    def moved() -> tuple[float, float] | None:
+        got = medians(east)
+        return got if got and got[0] == pytest.approx(OUT + ADDED, abs=TOLERANCE) else None
+
+    forward, reverse = wait_for("the forward delay to move", moved, timeout=60)
+    assert reverse == pytest.approx(BACK, abs=TOLERANCE)
