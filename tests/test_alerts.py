@@ -449,6 +449,13 @@ def test_added_delay_fires_the_rtt_baseline_alert_and_resolves(
     fired = {a["labels"]["alertname"] for a in sent(lab.log, "rtt", seen)}
     # More delay loses nothing, and this pair runs no throughput tests.
     assert fired == {"PathprobeRttAboveBaseline"}, fired
+    # Its description names the way the delay rose (one-way delays against their baseline).
+    alert = named(sent(lab.log, "rtt", seen), "PathprobeRttAboveBaseline", host=src)[0]
+    unit = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+    description = alert["annotations"]["description"]
+    change = {way: float(v) * unit[u]
+              for way, v, u in re.findall(r" (forward|reverse) (-?[\d.]+)(ms|us|ns|s);", description)}  # fmt: skip
+    assert change["forward"] > 0.015 and abs(change["reverse"]) < 0.002, description
     restored = time.monotonic()
     wait_for("the RTT alert resolved", lambda: named(sent(lab.log, "rtt", seen, "resolved"),
              "PathprobeRttAboveBaseline"), timeout=420)  # fmt: skip

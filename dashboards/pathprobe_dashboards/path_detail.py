@@ -53,6 +53,17 @@ def build(p: Params) -> Dashboard:
             "s",
             query(f'{rtt}{{{sel}, state="loaded", quantile=~"0.5|0.99"}}',
                   "p{{quantile}} loaded {{host}} -> {{peer}} {{protocol}}")))
+        .with_panel(series(
+            "One-way delay idle: p50 each way, and how far off it may be",
+            "The UDP echoes' delay to the peer (forward) and back (reverse): which way a slower path slowed. "
+            "Each figure may be off by both clocks' error bounds added (the error bound line); shown only while "
+            "the exporter trusts them (pathprobe_owd_trusted: both bounds known, the clocks within them, the "
+            "bounds within clock.max_error_share of the delay).",
+            "s",
+            *lines((f'pathprobe_owd_seconds{{{sel}, state="idle", quantile="0.5"}}',
+                    "{{direction}} {{host}} -> {{peer}}"),
+                   (f"pathprobe_owd_error_bound_seconds{{{sel}}}", "error bound {{host}} -> {{peer}}")),
+            span=FULL))
         .with_row(Row("Loss, flows and MTU"))
         .with_panel(series(
             "UDP echo loss by direction",

@@ -130,6 +130,11 @@ def _recording(p: Params) -> list[dict[str, str]]:
          "expr": f'max without (quantile, state) (pathprobe_rtt_seconds{{{sel}, state="idle", quantile="0.99"}})'},
         {"record": f"path:pathprobe_rtt_seconds:p50_{p.rtt_recent_window}",
          "expr": f"quantile_over_time(0.5, path:pathprobe_rtt_seconds:p50_{w}[{p.rtt_recent_window}])"},
+        # One-way delays, by direction, the same way (exported only while both clocks' bounds allow).
+        {"record": f"path:pathprobe_owd_seconds:p50_{w}",
+         "expr": f'max without (quantile, state) (pathprobe_owd_seconds{{{sel}, state="idle", quantile="0.5"}})'},
+        {"record": f"path:pathprobe_owd_seconds:p50_{p.rtt_recent_window}",
+         "expr": f"quantile_over_time(0.5, path:pathprobe_owd_seconds:p50_{w}[{p.rtt_recent_window}])"},
     ]  # fmt: skip
 
 
@@ -138,6 +143,9 @@ def _baseline(p: Params) -> list[dict[str, str]]:
         {"record": f"path:pathprobe_rtt_seconds:p50_{p.rtt_baseline_window}",
          # A 30-minute step by default: the median over days needs no finer grain, and a query stays small.
          "expr": f"quantile_over_time(0.5, path:pathprobe_rtt_seconds:p50_{p.rtt_exporter_window}"
+                 f"[{p.rtt_baseline_window}:{p.rtt_baseline_step}])"},
+        {"record": f"path:pathprobe_owd_seconds:p50_{p.rtt_baseline_window}",
+         "expr": f"quantile_over_time(0.5, path:pathprobe_owd_seconds:p50_{p.rtt_exporter_window}"
                  f"[{p.rtt_baseline_window}:{p.rtt_baseline_step}])"},
     ]  # fmt: skip
 
@@ -384,6 +392,20 @@ def _throughput_alerts(p: Params) -> list[Alert]:
     ]  # fmt: skip
 
 
+def _owd_change(p: Params) -> str:
+    """A template naming which way a path's delay rose: each direction's one-way p50 over the
+    recent window against its baseline (where the exporter exports one-way delays)."""
+    recent, base = (f"path:pathprobe_owd_seconds:p50_{p.rtt_recent_window}",
+                    f"path:pathprobe_owd_seconds:p50_{p.rtt_baseline_window}")  # fmt: skip
+    change = f'{recent}{{instance="%s",peer="%s"}} - {base}'
+    return (
+        f"One way, against the baseline:{{{{ with printf `{change}` $labels.instance $labels.peer | query "
+        '| sortByLabel "direction" }}'
+        "{{ range . }} {{ .Labels.direction }} {{ .Value | humanizeDuration }};{{ end }}"
+        "{{ else }} not known (no one-way delays: a clock error bound unknown or too wide).{{ end }}"
+    )
+
+
 def _path_alerts(p: Params) -> list[Alert]:
     """RTT, loss, partial failure, MTU and reachability of each path."""
     sel, path_text = p.selector, PATH_TEXT
@@ -404,7 +426,7 @@ def _path_alerts(p: Params) -> list[Alert]:
                "warning", "Path RTT above its own baseline.",
                f"{path_text} {{{{ $labels.protocol }}}} RTT p50 over {p.rtt_recent_window} is "
                f"{{{{ $value | humanizeDuration }}}}, more than {p.rtt_baseline_ratio:g}x its {p.rtt_baseline_window} "
-               "p50.", p.rtt_for),
+               f"p50. {_owd_change(p)}", p.rtt_for),
         Alert("PathprobeRttAboveCeiling",
                f'path:pathprobe_rtt_seconds:p50_{p.rtt_exporter_window}{{protocol="tcp"}}\n'
                f"  > on ({PATH}) group_left () pathprobe_rtt_ceiling_seconds{{{sel}}}",
