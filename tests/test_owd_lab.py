@@ -1,10 +1,13 @@
-"""One-way delays in the lab: its hosts share one kernel clock (offset zero, a bound of 1 us
-stated), so the exporters' forward and reverse delays can be held against the delay line's.
-An asymmetric path (30 ms out, 44 ms back) reads within 0.2 ms each way; 10 ms added live to
-one direction moves that direction only."""
+"""What a path does to a packet, per direction, in the lab. One-way delays: the hosts share one
+kernel clock (offset zero, a bound of 1 us stated), so the exporters' forward and reverse
+delays can be held against the delay line's: an asymmetric path (30 ms out, 44 ms back) reads
+within 0.2 ms each way, and 10 ms added live to one direction moves that direction only. DSCP:
+the echoes leave marked EF (46); a router rule that bleaches marks from east to west is seen
+by east's probes on the way out and by west's on the way back, and nowhere else."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +16,7 @@ import pytest
 from helpers import scrape, start_exporter, topology, value, wait_for
 from pathprobe_lab import net, shaping
 from pathprobe_lab.configs import METRICS_PORT, exporter_config
-from pathprobe_lab.state import State
+from pathprobe_lab.state import ROUTER, State, in_ns
 from pathprobe_lab.topology import PathSpec, address
 
 pytestmark = pytest.mark.lab
@@ -26,6 +29,7 @@ paths:
   - {between: [east, west], one_way_delay: 30ms}
 """)
 OUT, BACK, ADDED = 0.030, 0.044, 0.010
+EF = 46
 WINDOW = 20  # the exporters' quantile window: a live change moves the median within 10 s
 TOLERANCE = 0.0002
 
@@ -45,7 +49,8 @@ def east(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     set_delay("west", "east", BACK)
     for h in TOPO.hosts:
         cfg = exporter_config(TOPO, h.name, work, 20, {"throughput": {"enabled": False},
-                                                       "rtt": {"quantile_window_seconds": WINDOW}})  # fmt: skip
+                                                       "rtt": {"quantile_window_seconds": WINDOW},
+                                                       "loss": {"dscp": EF}})  # fmt: skip
         start_exporter(h.name, cfg, work)
     yield f"{address(1)}:{METRICS_PORT}"
     net.down()
@@ -74,3 +79,28 @@ def test_an_asymmetric_path_reads_each_way_and_a_live_change_moves_one(east: str
 
     forward, reverse = wait_for("the forward delay to move", moved, timeout=60)
     assert reverse == pytest.approx(BACK, abs=TOLERANCE)
+
+
+def changed(metrics: str, direction: str) -> float:
+    return value(scrape(metrics), "pathprobe_dscp_changed_total", direction=direction) or 0.0
+
+
+def test_a_router_that_bleaches_marks_one_way_is_seen_that_way_only(east: str) -> None:
+    west = f"{address(2)}:{METRICS_PORT}"
+    s = scrape(east)
+    assert value(s, "pathprobe_dscp_received_info", direction="forward", sent="46", received="46") == 1
+    assert value(s, "pathprobe_dscp_received_info", direction="reverse", sent="46", received="46") == 1
+    assert changed(east, "forward") == changed(east, "reverse") == changed(west, "forward") == 0
+    rule = (f"table inet bleach {{\n chain fwd {{\n type filter hook forward priority 0\n"
+            f" ip saddr {address(1)} ip daddr {address(2)} ip dscp set cs0\n }}\n}}\n")  # fmt: skip
+    subprocess.run(in_ns(ROUTER, ["nft", "-f", "-"]), input=rule, text=True, check=True)
+    try:
+        # east's echoes reach west as CS0 (its answers, sent with that, come back as CS0: unchanged);
+        # west's echoes arrive marked, and its answers from east are bleached on their way back.
+        wait_for("east's echoes seen bleached", lambda: changed(east, "forward") > 0, timeout=30)
+        wait_for("west's answers seen bleached", lambda: changed(west, "reverse") > 0, timeout=30)
+        s = scrape(east)
+        assert value(s, "pathprobe_dscp_received_info", direction="forward", sent="46", received="0") == 1
+    finally:
+        subprocess.run(in_ns(ROUTER, ["nft", "delete", "table", "inet", "bleach"]), check=False)
+    assert changed(east, "reverse") == 0 and changed(west, "forward") == 0

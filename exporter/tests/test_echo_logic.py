@@ -265,3 +265,44 @@ def test_each_echo_gives_both_one_way_delays_and_the_responders_bound() -> None:
         _, answered = ECHO_CLOCKS.unpack_from(echoes[-1], ECHO_CLOCKS_OFFSET)
         c.datagram_received(echoes[-1], ("198.18.1.2", 9470), arrived_ns=answered + 2_000_000)
     assert seen == [(0.003, 0.002, 50e-6), (0.003, 0.002, None)]
+
+
+@pytest.mark.parametrize("dscp", [0, 46])
+def test_marks_are_reflected_by_the_responder_over_real_sockets(dscp: int) -> None:
+    """The prober marks its echoes (46: EF), the responder reads the mark each arrived with, writes it
+    into the answer and sends the answer with it; loopback keeps both: nothing changed."""
+    seen: list[tuple[int, int, int | None]] = []
+    report = RttReport("udp", 0.005, 64)
+    sink = ReportSink(report)
+    sink.marks = lambda sent, forward, reverse: seen.append((sent, forward, reverse))  # type: ignore[method-assign]
+
+    async def run() -> None:
+        resp = EchoResponder(AllowList(["127.0.0.0/8"]), max_pps_per_source=1e9, count=lambda *_: None)
+        await resp.start("127.0.0.1", 0)
+        try:
+            settings = LossSettings(rate_pps=100, size_bytes=64, timeout_seconds=0.5, flows=2, dscp=dscp)
+            await EchoProber(Target("127.0.0.1", resp.sockname()[1]), settings, sink).run(count=10)
+        finally:
+            resp.close()
+
+    asyncio.run(run())
+    assert len(seen) == report.received >= 9
+    assert set(seen) == {(dscp, dscp, dscp)}
+
+
+def test_a_rewritten_mark_is_seen_in_its_direction() -> None:
+    """Pure: an echo sent with EF (46) reaches the responder as CS0 (bleached on the way out); the
+    answer, sent with CS0, comes back as CS0."""
+    seen: list[tuple[int, int, int | None]] = []
+    c, _ = client()
+    c.settings = LossSettings(rate_pps=100, size_bytes=64, timeout_seconds=1.0, dscp=46)
+    c.sink.marks = lambda sent, forward, reverse: seen.append((sent, forward, reverse))  # type: ignore[method-assign]
+    resp = EchoResponder(AllowList(["0.0.0.0/0"]), max_pps_per_source=100, count=lambda *_: None)
+    sent: list[tuple[bytes, list[tuple[int, int, bytes]]]] = []
+    resp.sendto = lambda data, addr, ancillary=None: sent.append((data, ancillary or []))  # type: ignore[method-assign]
+    send(c, 0, time.perf_counter())
+    resp.datagram_received(packet(0, 64, time.time_ns()), ("198.18.1.2", 4000), tos=0)
+    answer, ancillary = sent[-1]
+    assert ancillary == [(socket.IPPROTO_IP, socket.IP_TOS, bytes([0]))]  # the answer leaves with the mark it got
+    c.datagram_received(answer, ("198.18.1.2", 9470), tos=0)
+    assert seen == [(46, 0, 0)]

@@ -160,3 +160,10 @@ def test_authenticated_clients_and_servers_take_the_fleets_padding(
     assert (iperf3.PKCS1_OPTION in server_command(Iperf3Settings(auth=auth), "0.0.0.0")) is server
     level, line = iperf3.describe("iperf3", legacy)
     assert (level == logging.WARNING) is (server and not client), line
+
+
+def test_a_test_marked_with_a_dscp_asks_iperf3_for_it() -> None:
+    target = Target("198.18.2.2", 5201)
+    assert "--dscp" not in ThroughputTest().command(target)  # CS0: the kernel's default, nothing to ask
+    command = ThroughputTest(dscp=46).command(target)
+    assert command[command.index("--dscp") + 1] == "46"

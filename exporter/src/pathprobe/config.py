@@ -45,6 +45,10 @@ Congestion = Literal["cubic", "bbr", "reno"]
 
 BitsPerSecond = Annotated[float, BeforeValidator(lambda v: parse_quantity(v, "rate")), Field(gt=0)]
 Bytes = Annotated[int, BeforeValidator(lambda v: int(parse_quantity(v, "size"))), Field(ge=0)]
+# The DSCP a probe class marks its packets with (the IP header's six high TOS bits). 0 (CS0, best
+# effort) by default, so that probes are treated as the traffic they stand for: a probe marked
+# higher than that traffic can look clean while the traffic loses packets.
+Dscp = Annotated[int, Field(ge=0, le=63)]
 
 
 def default(model: type[BaseModel], name: str) -> Any:
@@ -113,6 +117,7 @@ class ThroughputSettings(Strict):
     # Socket buffer (iperf3 -w); None leaves the kernel's autotuning alone.
     window_bytes: Bytes | None = None
     steady_state: SteadyStateSettings = SteadyStateSettings()
+    dscp: Dscp = 0
 
     def tests(self) -> list[TestSpec]:
         """Every test these settings ask for, in run order."""
@@ -158,6 +163,7 @@ class RttSettings(Strict):
     # The window of pathprobe_rtt_seconds's quantiles (TCP and UDP): the rules name their recordings
     # after it (alert parameter rtt_exporter_window). Shorter windows react sooner and sample less.
     quantile_window_seconds: float = Field(default=300, ge=10, le=3600)
+    dscp: Dscp = 0
 
 
 class LossSettings(Strict):
@@ -168,6 +174,7 @@ class LossSettings(Strict):
     timeout_seconds: float = Field(default=2.0, gt=0, le=30)
     # UDP sockets, used in turn (each has its own source port).
     flows: int = Field(default=FLOWS_DEFAULT, ge=1, le=FLOWS_MAX)
+    dscp: Dscp = 0
 
 
 class Limits(Strict):

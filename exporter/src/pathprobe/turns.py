@@ -227,5 +227,5 @@ class ThroughputTurns:
             legacy_rsa_padding=auth.legacy_rsa_padding if auth else False,
             steady_state=Detector.of(s.steady_state) if s.steady_state.enabled else None,
             rtt_hint_seconds=self.tracker.windows[peer.name].median(),
-            binary=self.cfg.iperf3.binary, margin_seconds=self.cfg.schedule.timeout_margin_seconds,
+            binary=self.cfg.iperf3.binary, margin_seconds=self.cfg.schedule.timeout_margin_seconds, dscp=s.dscp,
         )  # fmt: skip

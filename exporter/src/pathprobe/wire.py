@@ -21,7 +21,10 @@ prober's offset to the responder's clock (NTP's on-wire method, RFC 5905 section
 an older responder leaves them zero. With room for 8 more (60 bytes or more), it writes its
 clock error bound (u64 ns, zero when it knows none: clock.py) after them, and the stamp as it
 took the request is the kernel's receive stamp where the socket gives one: with the prober's
-own kernel stamps, each echo gives the one-way delay of each direction.
+own kernel stamps, each echo gives the one-way delay of each direction. With room for 2 more
+(62 bytes or more), it writes 1 and the TOS byte the request arrived with (zeros where its
+socket did not say), and sends the answer with that TOS: the prober learns whether its DSCP
+mark arrived, and whether the answer's came back.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import sys
 import time
 
 from . import stamps
@@ -48,6 +52,8 @@ ECHO_CLOCKS = struct.Struct("!QQ")  # the responder's wall clock as it took the 
 ECHO_CLOCKS_OFFSET = ECHO_HEADER.size
 ECHO_BOUND = struct.Struct("!Q")  # the responder's clock error bound, ns (0: unknown)
 ECHO_BOUND_OFFSET = ECHO_CLOCKS_OFFSET + ECHO_CLOCKS.size
+ECHO_MARK = struct.Struct("!BB")  # 1 when the responder read the request's TOS, and that TOS
+ECHO_MARK_OFFSET = ECHO_BOUND_OFFSET + ECHO_BOUND.size
 ECHO_MAGIC = b"PPUE"
 ECHO_REFUSED = b"PPUN"
 ECHO_REFUSAL = struct.Struct("!4sQ")
@@ -67,6 +73,39 @@ def stream_socket(address: str) -> socket.socket:
     sock = socket.socket(socket_family(address), socket.SOCK_STREAM)
     sock.setblocking(False)
     return sock
+
+
+def mark(sock: socket.socket, address: str, dscp: int) -> None:
+    """Mark what `sock` sends with this DSCP (the TOS byte's, or traffic class's, six high bits)."""
+    if socket_family(address) == socket.AF_INET:
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, dscp << 2)
+    else:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, dscp << 2)
+
+
+def receive_tos(sock: socket.socket, address: str) -> None:
+    """Ask for each datagram's TOS byte (traffic class) as ancillary data (received_tos)."""
+    if socket_family(address) == socket.AF_INET:
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+    else:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVTCLASS, 1)
+
+
+def received_tos(ancdata: list[tuple[int, int, bytes]]) -> int | None:
+    """The TOS byte (or traffic class) of a datagram, from its ancillary data."""
+    for level, kind, data in ancdata:
+        if (level, kind) == (socket.IPPROTO_IP, socket.IP_TOS) and data:
+            return data[0]
+        if (level, kind) == (socket.IPPROTO_IPV6, socket.IPV6_TCLASS) and len(data) >= 4:
+            return int.from_bytes(data[:4], sys.byteorder)
+    return None
+
+
+def tos_cmsg(address: str, tos: int) -> tuple[int, int, bytes]:
+    """Ancillary data that sends one datagram with this TOS byte (traffic class)."""
+    if socket_family(address) == socket.AF_INET:
+        return (socket.IPPROTO_IP, socket.IP_TOS, bytes([tos]))
+    return (socket.IPPROTO_IPV6, socket.IPV6_TCLASS, tos.to_bytes(4, sys.byteorder))
 
 
 def probe_socket(address: str, kind: socket.SocketKind, source: str | None) -> socket.socket:

@@ -46,6 +46,17 @@ class MtuKey(NamedTuple):
     size: int  # IP packet size
 
 
+class MarkKey(NamedTuple):
+    peer: str
+    direction: str  # forward: the echo to the peer; reverse: its answer back
+
+
+class Marks(NamedTuple):
+    sent: int  # the DSCP the packet left with
+    received: int  # the one it arrived with (the last packet's)
+    changed: int  # packets whose mark arrived changed, so far
+
+
 class LostByDirection(NamedTuple):
     forward: int  # on the way to the peer
     reverse: int  # on the way back
@@ -66,12 +77,13 @@ class EchoRoom(Room):
         self.worst_flow_loss: dict[str, float] = {}
         self.lost_by_direction: dict[str, LostByDirection] = {}
         self.clock_offset: dict[str, float] = {}
+        self.marks: dict[MarkKey, Marks] = {}
         self.failing: dict[FlowsKey, int] = {}
         self.mtu: dict[MtuKey, MtuState] = {}
 
     def tables(self) -> list[MutableMapping[Any, Any]]:
-        return [self.udp, self.jitter, self.worst_flow_loss, self.lost_by_direction, self.clock_offset, self.failing,
-                self.mtu]  # fmt: skip
+        return [self.udp, self.jitter, self.worst_flow_loss, self.lost_by_direction, self.clock_offset, self.marks,
+                self.failing, self.mtu]  # fmt: skip
 
     # --- writers
     def count(self, peer: str, what: str, age: float = 0.0) -> None:
@@ -102,6 +114,13 @@ class EchoRoom(Room):
         if self.admits(peer):
             self.clock_offset[peer] = seconds
 
+    def mark_seen(self, peer: str, direction: str, sent: int, received: int) -> None:
+        if self.admits(peer):
+            key = MarkKey(peer, direction)
+            before = self.marks.get(key)
+            changed = (before.changed if before else 0) + (received != sent)
+            self.marks[key] = Marks(sent, received, changed)
+
     def mtu_probed(self, peer: str, size: int, carried: bool) -> None:
         if not self.admits(peer):
             return
@@ -123,6 +142,7 @@ class EchoRoom(Room):
                              "echoes (NTP's on-wire method; error at most half that echo's RTT). Throughput turns "
                              "allow 1 s.")  # fmt: skip
         yield from self._loss(scope)
+        yield from self._marks(scope)
         yield self._failing(scope)
         yield from self._mtu(scope)
 
@@ -173,6 +193,19 @@ class EchoRoom(Room):
                 if peer.name in worst_loss:
                     worst.add_metric(peer_labels(peer), worst_loss[peer.name])
         yield from (forward, reverse, worst)
+
+    def _marks(self, scope: Scope) -> Iterator[Metric]:
+        info = gauge("pathprobe_dscp_received_info",
+                     "The DSCP the last UDP echo (forward: to the peer) or its answer (reverse: sent with the mark "
+                     "the echo arrived with) left with and arrived with: a path that bleaches or rewrites marks "
+                     "shows received != sent. The probes' marks: probes.*.dscp.", [*PEER, "direction", "sent",
+                                                                                 "received"])  # fmt: skip
+        changed = counter("pathprobe_dscp_changed", "UDP echo packets whose DSCP mark arrived changed.",
+                          [*PEER, "direction"])  # fmt: skip
+        for peer, key, marks in scope.entries(self.marks):
+            info.add_metric([*peer, key.direction, str(marks.sent), str(marks.received)], 1)
+            changed.add_metric([*peer, key.direction], marks.changed)
+        yield from (info, changed)
 
     def _failing(self, scope: Scope) -> Metric:
         failing = gauge("pathprobe_probe_flows_failing",
@@ -248,6 +281,11 @@ class EchoSink:
 
     def one_way(self, forward: float, reverse: float, peer_bound: float | None) -> None:
         self.owd.observe(self.peer, forward, reverse, peer_bound)
+
+    def marks(self, sent: int, forward: int, reverse: int | None) -> None:
+        self.room.mark_seen(self.peer, "forward", sent, forward)
+        if reverse is not None:
+            self.room.mark_seen(self.peer, "reverse", forward, reverse)
 
 
 class MtuSink:

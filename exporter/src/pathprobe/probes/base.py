@@ -90,6 +90,9 @@ class EchoSink(Protocol):
     def clock_offset(self, seconds: float) -> None: ...  # the peer's clock minus this host's
     # One echo's one-way delays (each off by the clocks' offset) and the bound the peer's responder states.
     def one_way(self, forward: float, reverse: float, peer_bound: float | None) -> None: ...
+    # The DSCP an echo was sent with, the one it reached the peer with, and the one the answer
+    # (sent with that) came back with (None where this host's socket did not say).
+    def marks(self, sent: int, forward: int, reverse: int | None) -> None: ...
 
 
 class RttTee:

@@ -80,7 +80,7 @@ class EchoProber:
                     self._sent_ns[seq] = when
         for _ in range(64):
             try:
-                data, ancdata, _, addr = sock.recvmsg(2048, stamps.CMSG_SPACE)
+                data, ancdata, _, addr = sock.recvmsg(2048, stamps.CMSG_SPACE + socket.CMSG_SPACE(4))
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # an ICMP error on a flow's socket: it answers that flow's oldest packet
@@ -90,9 +90,10 @@ class EchoProber:
                     self._sent_ns.pop(oldest, None)
                 self.sink.failure(reason_of_oserror(exc))
                 return
-            self.datagram_received(data, addr, stamps.kernel_time(ancdata))
+            self.datagram_received(data, addr, stamps.kernel_time(ancdata), wire.received_tos(ancdata))
 
-    def datagram_received(self, data: bytes, addr: tuple[str, int], arrived_ns: int | None = None) -> None:
+    def datagram_received(self, data: bytes, addr: tuple[str, int], arrived_ns: int | None = None,
+                          tos: int | None = None) -> None:  # fmt: skip
         now = time.perf_counter()
         arrived_ns = arrived_ns or time.time_ns()
         if data[:4] == wire.ECHO_REFUSED and len(data) >= wire.ECHO_REFUSAL.size:
@@ -127,6 +128,10 @@ class EchoProber:
         self._last_rtt = rtt
         self.sink.received(rtt)
         self._clocks(sent_ns, arrived_ns, data)
+        if len(data) >= wire.ECHO_MARK_OFFSET + wire.ECHO_MARK.size:
+            read, forward = wire.ECHO_MARK.unpack_from(data, wire.ECHO_MARK_OFFSET)
+            if read:
+                self.sink.marks(self.settings.dscp, forward >> 2, None if tos is None else tos >> 2)
 
     def _clocks(self, sent_ns: int, arrived_ns: int, echo: bytes) -> None:
         """From an echo's stamps, when its responder stamps (wire.py): the peer's clock offset,
@@ -223,6 +228,8 @@ class EchoProber:
             for _ in range(self.settings.flows):
                 sock = wire.probe_socket(t.address, socket.SOCK_DGRAM, t.source)
                 socks.append(sock)
+                wire.mark(sock, t.address, self.settings.dscp)
+                wire.receive_tos(sock, t.address)
                 stamps.enable(sock)
                 self._stamping = stamps.enable_sent(sock)
                 sock.connect((t.address, t.port))

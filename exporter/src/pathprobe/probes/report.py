@@ -123,6 +123,9 @@ class ReportSink:
     def one_way(self, forward: float, reverse: float, peer_bound: float | None) -> None:
         pass  # a one-off probe states no clock bound of its own: the exporter reports one-way delays
 
+    def marks(self, sent: int, forward: int, reverse: int | None) -> None:
+        pass  # the exporter reports marks (pathprobe_dscp_received_info)
+
     def lost_by_direction(self, forward: int, reverse: int) -> None:
         self.r.lost_forward, self.r.lost_reverse = forward, reverse
 

@@ -90,6 +90,7 @@ class RttProber:
         conn: wire.Connection | None = None
         with self._failures("hello"):
             sock = wire.probe_socket(t.address, socket.SOCK_STREAM, t.source)
+            wire.mark(sock, t.address, self.settings.dscp)  # the SYN too
         try:
             with self._failures("hello"):
                 async with asyncio.timeout(self.settings.timeout_seconds):

@@ -78,6 +78,7 @@ class ThroughputTest:
     binary: str = default(Iperf3Settings, "binary")
     # Time a test may overrun duration + omit before it is killed (connecting included).
     margin_seconds: float = 5.0
+    dscp: int = 0  # iperf3 --dscp: the mark of the test's packets (the data connections')
 
     @property
     def steady(self) -> Detector | None:
@@ -105,6 +106,8 @@ class ThroughputTest:
             cmd += ["-C", self.congestion]
         if self.window_bytes:
             cmd += ["-w", str(self.window_bytes)]
+        if self.dscp:
+            cmd += ["--dscp", str(self.dscp)]
         if self.username and self.public_key_file:
             cmd += ["--username", self.username, "--rsa-public-key-path", str(self.public_key_file),
                     *iperf3.client_options(self.binary, self.legacy_rsa_padding)]  # fmt: skip

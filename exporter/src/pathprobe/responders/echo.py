@@ -39,7 +39,8 @@ class EchoResponder:
         self._sock: socket.socket | None = None
         self._pktinfo: list[tuple[int, int, bytes]] = []
 
-    def datagram_received(self, data: bytes, addr: tuple[str, int], arrived_ns: int | None = None) -> None:
+    def datagram_received(self, data: bytes, addr: tuple[str, int], arrived_ns: int | None = None,
+                          tos: int | None = None) -> None:  # fmt: skip
         took_ns = arrived_ns or time.time_ns()  # the kernel's stamp: the forward delay ends as the packet arrived
         if data[:4] != wire.ECHO_MAGIC or len(data) < wire.ECHO_HEADER.size:
             self.count("malformed")
@@ -72,16 +73,22 @@ class EchoResponder:
         if len(data) >= wire.ECHO_BOUND_OFFSET + wire.ECHO_BOUND.size:
             bound = self.bound()
             wire.ECHO_BOUND.pack_into(answer, wire.ECHO_BOUND_OFFSET, round(bound * 1e9) if bound else 0)
-        self.sendto(answer, addr)
+        # The mark the request arrived with, reflected: in the answer, and on it.
+        if tos is not None and len(data) >= wire.ECHO_MARK_OFFSET + wire.ECHO_MARK.size:
+            wire.ECHO_MARK.pack_into(answer, wire.ECHO_MARK_OFFSET, 1, tos)
+            self.sendto(answer, addr, [wire.tos_cmsg(addr[0], tos)])
+        else:
+            self.sendto(answer, addr)
 
-    def sendto(self, data: bytes | bytearray, addr: tuple[str, int]) -> None:
+    def sendto(self, data: bytes | bytearray, addr: tuple[str, int],
+               ancillary: list[tuple[int, int, bytes]] | None = None) -> None:  # fmt: skip
         """Reply from the address the request was sent to (IP_PKTINFO): a host with several
         addresses (or a responder bound to 0.0.0.0) would otherwise answer from another one,
-        and the prober's connected socket would drop the answer."""
+        and the prober's connected socket would drop the answer. `ancillary`: more, e.g. its TOS."""
         if self._sock is None:
             return
         with contextlib.suppress(OSError):  # a full buffer or a vanished route: the prober counts the loss
-            self._sock.sendmsg([data], self._pktinfo, 0, addr)
+            self._sock.sendmsg([data], self._pktinfo + (ancillary or []), 0, addr)
 
     def _take_token(self, source: str) -> bool:
         now = time.monotonic()
@@ -113,6 +120,7 @@ class EchoResponder:
         else:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, 1)
         sock.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
+        wire.receive_tos(sock, host)
         stamps.enable(sock)
         self._sock = sock
         asyncio.get_running_loop().add_reader(sock, self._read, sock)
@@ -121,7 +129,7 @@ class EchoResponder:
         for _ in range(64):
             try:
                 data, ancdata, _, addr = sock.recvmsg(
-                    65535, socket.CMSG_SPACE(64) + socket.CMSG_SPACE(4) + stamps.CMSG_SPACE
+                    65535, socket.CMSG_SPACE(64) + 2 * socket.CMSG_SPACE(4) + stamps.CMSG_SPACE
                 )
             except (BlockingIOError, InterruptedError):
                 return
@@ -138,7 +146,7 @@ class EchoResponder:
                     if dropped > self._queue_drops:
                         self.count("dropped_queue_full", dropped - self._queue_drops)
                     self._queue_drops = dropped
-            self.datagram_received(data, addr, stamps.kernel_time(ancdata))
+            self.datagram_received(data, addr, stamps.kernel_time(ancdata), wire.received_tos(ancdata))
 
     def close(self) -> None:
         if self._sock is not None:
