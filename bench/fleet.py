@@ -74,6 +74,8 @@ def series_model(settings: dict | None = None) -> SeriesModel:
         "budget": {"state_file": "/nonexistent/budget.json"}, **(settings or {}),
         "host": {"name": "me", "address": "127.0.0.1", "region": "a"}, "peers": peers,
         "mesh": {"compact_outside": "region"},
+        # A bound stated, as chronyd or ClockBound state one on EC2: one-way delays are exported.
+        "clock": {"source": "stated", "error_bound_seconds": 1e-5},
         "tcp_rmem_max_bytes": 6291456, "tcp_wmem_max_bytes": 4194304, "tcp_window_share": 0.5,
     })  # fmt: skip
     ex = Exporter(cfg)
@@ -93,6 +95,10 @@ def series_model(settings: dict | None = None) -> SeriesModel:
             rooms.outcomes.success(probe, peer.name)
             rooms.outcomes.moved(probe, peer.name, 1)
         echo = rooms.echo_sink(peer.name)
+        for state in states:  # one-way delays, idle and loaded, each way, trusted (10 ms against 20 us)
+            ex.load_state = lambda _peer, _now, state=state: state  # type: ignore[method-assign]
+            echo.one_way(0.01, 0.01, 1e-5)
+        echo.marks(0, 0, 0)
         echo.jitter(0.0)
         echo.flows_failing(0, 0.0)
         echo.lost_by_direction(0, 0)

@@ -203,6 +203,8 @@ class EchoRoom(Room):
         changed = counter("pathprobe_dscp_changed", "UDP echo packets whose DSCP mark arrived changed.",
                           [*PEER, "direction"])  # fmt: skip
         for peer, key, marks in scope.entries(self.marks):
+            if key.peer in scope.cfg.compact_peers:  # what the rules read only
+                continue
             info.add_metric([*peer, key.direction, str(marks.sent), str(marks.received)], 1)
             changed.add_metric([*peer, key.direction], marks.changed)
         yield from (info, changed)
