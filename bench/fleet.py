@@ -97,7 +97,7 @@ def series_model(settings: dict | None = None) -> SeriesModel:
         echo = rooms.echo_sink(peer.name)
         for state in states:  # one-way delays, idle and loaded, each way, trusted (10 ms against 20 us)
             ex.load_state = lambda _peer, _now, state=state: state  # type: ignore[method-assign]
-            echo.one_way(0.01, 0.01, 1e-5)
+            echo.one_way(0.01, 0.01, 1e-5, 0.0)
         echo.marks(0, 0, 0)
         echo.jitter(0.0)
         echo.flows_failing(0, 0.0)

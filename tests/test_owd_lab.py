@@ -91,7 +91,7 @@ def test_a_router_that_bleaches_marks_one_way_is_seen_that_way_only(east: str) -
     assert value(s, "pathprobe_dscp_received_info", direction="forward", sent="46", received="46") == 1
     assert value(s, "pathprobe_dscp_received_info", direction="reverse", sent="46", received="46") == 1
     assert changed(east, "forward") == changed(east, "reverse") == changed(west, "forward") == 0
-    rule = (f"table inet bleach {{\n chain fwd {{\n type filter hook forward priority 0\n"
+    rule = (f"table inet bleach {{\n chain marks {{\n type filter hook forward priority 0\n"
             f" ip saddr {address(1)} ip daddr {address(2)} ip dscp set cs0\n }}\n}}\n")  # fmt: skip
     subprocess.run(in_ns(ROUTER, ["nft", "-f", "-"]), input=rule, text=True, check=True)
     try:

@@ -58,7 +58,7 @@ def config(tmp_path: Path, me: dict[str, Any], peers: list[dict[str, Any]], web:
         "web": {"listen": f"127.0.0.1:{web}"},
         "budget": {"state_file": str(tmp_path / f"budget-{me['name']}.json")},
         # One kernel clock: one-way delays of some microseconds are exact to the stamps' nanoseconds.
-        "clock": {"source": "stated", "error_bound_seconds": 1e-7},
+        "clock": {"source": "stated", "error_bound_seconds": 1e-8},
     }  # fmt: skip
     path = tmp_path / f"{me['name']}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))

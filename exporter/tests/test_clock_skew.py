@@ -68,10 +68,10 @@ def test_a_host_whose_clock_is_ahead_is_refused_as_out_of_turn_and_never_overlap
         assert count(peers[1], offset, peer="h0") == pytest.approx(SKEW, abs=0.05)
         assert count(peers[0], offset, peer="h2") == pytest.approx(0, abs=0.01)
         assert count(skewed, offset, peer="h1") == pytest.approx(-SKEW, abs=0.05)
-        # One-way delays (every host states a bound of 0.1 us: one kernel clock): h1 reads h2's,
+        # One-way delays (every host states a bound of 10 ns: one kernel clock): h1 reads h2's,
         # some microseconds each way; it withholds h0's, whose clock is SKEW off against that bound.
         trusted, delay = "pathprobe_owd_trusted", "pathprobe_owd_seconds"
-        assert count(peers[0], trusted, peer="h2") == 1
+        assert count(peers[0], trusted, peer="h2") == 1, [k[1] for k in peers[0] if "untrusted" in k[0]]
         for direction in ("forward", "reverse"):
             assert 0 < count(peers[0], delay, peer="h2", direction=direction, state="idle", quantile="0.5") < 0.005
         assert count(peers[0], trusted, peer="h0") == 0

@@ -254,7 +254,7 @@ def test_each_echo_gives_both_one_way_delays_and_the_responders_bound() -> None:
     send and arrival stamps: each direction's delay, and the clock error bound it states."""
     seen: list[tuple[float, float, float | None]] = []
     c, _ = client()
-    c.sink.one_way = lambda forward, reverse, bound: seen.append((forward, reverse, bound))  # type: ignore[method-assign]
+    c.sink.one_way = lambda forward, reverse, bound, _apart: seen.append((forward, reverse, bound))  # type: ignore[method-assign]
     resp = EchoResponder(AllowList(["0.0.0.0/0"]), max_pps_per_source=100, count=lambda *_: None, bound=lambda: 50e-6)
     echoes: list[bytes] = []
     resp.sendto = lambda data, addr: echoes.append(data)  # type: ignore[method-assign]

@@ -12,15 +12,14 @@ from pathprobe.metrics.owd import OwdRoom
 NOW = 1_800_000_000.0
 
 
-def room(own_bound: float | None = 20e-6) -> tuple[OwdRoom, dict[str, float]]:
+def room(own_bound: float | None = 20e-6) -> OwdRoom:
     cfg = Config.model_validate({
         "host": {"name": "a", "address": "198.18.1.2", "region": "ap-northeast-1"},
         "peers": [{"name": "b", "address": "198.18.2.2", "region": "ap-northeast-3", "path_class": "inter_region"}],
     })  # fmt: skip
     bound = ClockErrorBound(ClockSettings(source="stated", error_bound_seconds=own_bound or 1.0))
     bound.seconds = own_bound
-    offsets: dict[str, float] = {}
-    return OwdRoom(cfg, lambda _peer, _now: "idle", bound, offsets, clock=lambda: NOW), offsets
+    return OwdRoom(cfg, lambda _peer, _now: "idle", bound, clock=lambda: NOW)
 
 
 def read(r: OwdRoom) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -33,15 +32,16 @@ def owd(samples: dict, direction: str) -> float:
                                                         ("quantile", "0.5")}))]  # fmt: skip
 
 
-def feed(r: OwdRoom, forward: float, reverse: float, peer_bound: float | None = 30e-6, n: int = 20) -> None:
+def feed(r: OwdRoom, delays: tuple[float, float], *, peer_bound: float | None = 30e-6, n: int = 20,
+         apart: float = 10e-6) -> None:  # fmt: skip
+    """n echoes of these (forward, reverse) delays."""
     for _ in range(n):
-        r.observe("b", forward, reverse, peer_bound)
+        r.observe("b", *delays, peer_bound, apart)
 
 
 def test_trusted_delays_are_exported_by_direction_with_their_error_bound() -> None:
-    r, offsets = room()
-    offsets["b"] = 10e-6  # within the bounds added
-    feed(r, 0.004, 0.005)
+    r = room()
+    feed(r, (0.004, 0.005), apart=10e-6)  # the clocks at least 10 us apart: within the bounds added
     s = read(r)
     assert owd(s, "forward") == pytest.approx(0.004, rel=0.003) and owd(s, "reverse") == pytest.approx(0.005, rel=0.003)
     assert s[("pathprobe_owd_error_bound_seconds", frozenset({("peer", "b")}))] == pytest.approx(50e-6)
@@ -58,19 +58,18 @@ def test_trusted_delays_are_exported_by_direction_with_their_error_bound() -> No
     ("the bounds are a large share of the delay", "bound_too_wide"),
 ])  # fmt: skip
 def test_untrusted_delays_are_withheld_and_say_why(case: str, reason: str) -> None:
-    r, offsets = room(own_bound=None if case == "this host knows no bound" else 20e-6)
+    r = room(own_bound=None if case == "this host knows no bound" else 20e-6)
     if case == "the peer states no bound":
-        feed(r, 0.004, 0.005, peer_bound=None)
+        feed(r, (0.004, 0.005), peer_bound=None)
     elif case == "the echoes put the clocks further apart than their bounds":
-        offsets["b"] = 0.001
-        feed(r, 0.004, 0.005)
+        feed(r, (0.004, 0.005), apart=0.001)
     elif case == "a delay came out negative":
-        feed(r, 0.004, 0.005)
-        feed(r, -0.001, 0.010, n=1)
+        feed(r, (0.004, 0.005))
+        feed(r, (-0.001, 0.010), n=1)
     elif case == "the bounds are a large share of the delay":
-        feed(r, 0.0002, 0.0002)  # 50 us of error on 0.2 ms: above 10% of it
+        feed(r, (0.0002, 0.0002))  # 50 us of error on 0.2 ms: above 10% of it
     else:
-        feed(r, 0.004, 0.005)
+        feed(r, (0.004, 0.005))
     s = read(r)
     assert s[("pathprobe_owd_trusted", frozenset({("peer", "b")}))] == 0
     assert s[("pathprobe_owd_untrusted_info", frozenset({("peer", "b"), ("reason", reason)}))] == 1

@@ -19,9 +19,10 @@ request has room (52 bytes or more), the responder also writes its wall clock (u
 as it took the request and as it answered into the padding's first 16 bytes: the
 prober's offset to the responder's clock (NTP's on-wire method, RFC 5905 section 8);
 an older responder leaves them zero. With room for 8 more (60 bytes or more), it writes its
-clock error bound (u64 ns, zero when it knows none: clock.py) after them, and the stamp as it
-took the request is the kernel's receive stamp where the socket gives one: with the prober's
-own kernel stamps, each echo gives the one-way delay of each direction. With room for 2 more
+clock error bound (u64 ns, zero when it knows none: clock.py) after them. With the prober's own
+kernel stamps, each echo gives the one-way delay of each direction: out, from the send to the
+answer's stamp less the hold (the request's kernel arrival); back, from that stamp to the
+answer's arrival. With room for 2 more
 (62 bytes or more), it writes 1 and the TOS byte the request arrived with (zeros where its
 socket did not say), and sends the answer with that TOS: the prober learns whether its DSCP
 mark arrived, and whether the answer's came back.

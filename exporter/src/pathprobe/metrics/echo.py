@@ -281,8 +281,8 @@ class EchoSink:
     def clock_offset(self, seconds: float) -> None:
         self.room.set_clock_offset(self.peer, seconds)
 
-    def one_way(self, forward: float, reverse: float, peer_bound: float | None) -> None:
-        self.owd.observe(self.peer, forward, reverse, peer_bound)
+    def one_way(self, forward: float, reverse: float, peer_bound: float | None, clocks_apart: float) -> None:
+        self.owd.observe(self.peer, forward, reverse, peer_bound, clocks_apart)
 
     def marks(self, sent: int, forward: int, reverse: int | None) -> None:
         self.room.mark_seen(self.peer, "forward", sent, forward)

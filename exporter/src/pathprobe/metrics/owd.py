@@ -6,15 +6,16 @@ A one-way delay subtracts a time read on one host from a time read on the other,
 by the offset between the two clocks, which is at most the two error bounds added. The room
 withholds the quantiles (and says why, `pathprobe_owd_untrusted_info`) when:
 - no_bound: either end states no bound;
-- clocks_disagree: the echoes' own estimate of the offset (NTP's on-wire method) exceeds the
-  bounds added, or a delay came out negative: a clock is further off than it says;
+- clocks_disagree: the echoes' own estimate of the offset (NTP's on-wire method), less its own
+  error (half its exchange's delay), exceeds the bounds added, or a delay came out negative: a
+  clock is further off than it says;
 - bound_too_wide: the bounds added exceed clock.max_error_share of a direction's median delay.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any, NamedTuple
 
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -35,17 +36,17 @@ class OwdKey(NamedTuple):
 
 
 class OwdRoom(Room):
-    def __init__(self, cfg: Config, load_state: LoadState, bound: ClockErrorBound, offsets: Mapping[str, float],
+    def __init__(self, cfg: Config, load_state: LoadState, bound: ClockErrorBound,
                  clock: Callable[[], float] = time.time):  # fmt: skip
-        """`offsets`: each peer's clock offset as the echoes estimate it (the echo room's)."""
         super().__init__(cfg)
-        self.load_state, self.bound, self.offsets, self.clock = load_state, bound, offsets, clock
+        self.load_state, self.bound, self.clock = load_state, bound, clock
         self.windows: dict[OwdKey, WindowedQuantiles] = {}
         self.peer_bounds: dict[str, float | None] = {}  # the bound the peer's responder last stated
+        self.clocks_apart: dict[str, float] = {}  # how far the clocks are apart at least, as last estimated
         self.negative: dict[str, float] = {}  # when a delay to the peer last came out negative
 
     def tables(self) -> list[MutableMapping[Any, Any]]:
-        return [self.windows, self.peer_bounds, self.negative]
+        return [self.windows, self.peer_bounds, self.clocks_apart, self.negative]
 
     def use(self, cfg: Config) -> None:
         before = self.scope.cfg.probes.rtt.quantile_window_seconds
@@ -54,11 +55,13 @@ class OwdRoom(Room):
             for window in list(self.windows.values()):
                 window.resize(cfg.probes.rtt.quantile_window_seconds)
 
-    def observe(self, peer: str, forward: float, reverse: float, peer_bound: float | None) -> None:
+    def observe(self, peer: str, forward: float, reverse: float, peer_bound: float | None,
+                clocks_apart: float = 0.0) -> None:  # fmt: skip
         if not self.admits(peer):
             return
         now = self.clock()
         self.peer_bounds[peer] = peer_bound
+        self.clocks_apart[peer] = clocks_apart
         if forward < 0 or reverse < 0:
             self.negative[peer] = now
             return
@@ -76,8 +79,7 @@ class OwdRoom(Room):
         if error is None:
             return "no_bound"
         window = self.scope.cfg.probes.rtt.quantile_window_seconds
-        offset = self.offsets.get(peer)
-        if (offset is not None and abs(offset) > error) or now - self.negative.get(peer, -window) < window:
+        if self.clocks_apart.get(peer, 0.0) > error or now - self.negative.get(peer, -window) < window:
             return "clocks_disagree"
         if medians and error > self.scope.cfg.clock.max_error_share * min(medians):
             return "bound_too_wide"

@@ -127,29 +127,35 @@ class EchoProber:
             self.sink.jitter(self._jitter)
         self._last_rtt = rtt
         self.sink.received(rtt)
-        self._clocks(sent_ns, arrived_ns, data)
+        self._clocks(sent_ns, arrived_ns, hold_ns, data)
         if len(data) >= wire.ECHO_MARK_OFFSET + wire.ECHO_MARK.size:
             read, forward = wire.ECHO_MARK.unpack_from(data, wire.ECHO_MARK_OFFSET)
             if read:
                 self.sink.marks(self.settings.dscp, forward >> 2, None if tos is None else tos >> 2)
 
-    def _clocks(self, sent_ns: int, arrived_ns: int, echo: bytes) -> None:
+    def _clocks(self, sent_ns: int, arrived_ns: int, hold_ns: int, echo: bytes) -> None:
         """From an echo's stamps, when its responder stamps (wire.py): the peer's clock offset,
-        and each direction's delay (the responder's stamps against this host's send and arrival
-        stamps, the kernel's where the sockets give them)."""
+        and each direction's delay: out, to the request's arrival there (its answer's stamp less
+        the hold, which starts at the kernel's arrival stamp); back, from the answer's stamp. This
+        host's send and arrival stamps are the kernel's where the sockets give them."""
         if len(echo) < wire.ECHO_CLOCKS_OFFSET + wire.ECHO_CLOCKS.size:
             return
         took_ns, answered_ns = wire.ECHO_CLOCKS.unpack_from(echo, wire.ECHO_CLOCKS_OFFSET)
         if took_ns == 0:
             return
-        offset, delay = stamps.clock_offset(sent_ns, took_ns, answered_ns, arrived_ns)
+        # The offset as NTP's on-wire method takes it, from clock reads (as it always was here).
+        offset, delay = stamps.clock_offset(sent_ns, took_ns, answered_ns, time.time_ns())
         self._offsets.append((delay, offset))
-        self.sink.clock_offset(min(self._offsets)[1])
+        best_delay, best_offset = min(self._offsets)
+        self.sink.clock_offset(best_offset)
         peer_bound = None
         if len(echo) >= wire.ECHO_BOUND_OFFSET + wire.ECHO_BOUND.size:
             (bound_ns,) = wire.ECHO_BOUND.unpack_from(echo, wire.ECHO_BOUND_OFFSET)
             peer_bound = bound_ns / 1e9 if bound_ns else None
-        self.sink.one_way((took_ns - sent_ns) / 1e9, (arrived_ns - answered_ns) / 1e9, peer_bound)
+        # The offset's own error is at most half its exchange's delay: beyond that, the clocks are apart.
+        clocks_apart = max(0.0, abs(best_offset) - best_delay / 2)
+        self.sink.one_way((answered_ns - hold_ns - sent_ns) / 1e9, (arrived_ns - answered_ns) / 1e9, peer_bound,
+                          clocks_apart)  # fmt: skip
 
     def _echoed(self, flow: int, index: int, reflected: int) -> None:
         f = self._flows[flow]

@@ -120,7 +120,7 @@ class ReportSink:
     def clock_offset(self, seconds: float) -> None:
         pass
 
-    def one_way(self, forward: float, reverse: float, peer_bound: float | None) -> None:
+    def one_way(self, forward: float, reverse: float, peer_bound: float | None, clocks_apart: float) -> None:
         pass  # a one-off probe states no clock bound of its own: the exporter reports one-way delays
 
     def marks(self, sent: int, forward: int, reverse: int | None) -> None:
