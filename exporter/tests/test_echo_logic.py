@@ -7,10 +7,13 @@ import time
 from collections import Counter
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pathprobe.allow import AllowList
 from pathprobe.config import LossSettings
 from pathprobe.probes import EchoProber, Target
+from pathprobe.probes.echo import LeastDelayed
 from pathprobe.probes.report import ReportSink, RttReport
 from pathprobe.responders.echo import EchoResponder
 from pathprobe.wire import ECHO_CLOCKS, ECHO_CLOCKS_OFFSET
@@ -96,6 +99,16 @@ def test_the_least_delayed_echo_gives_the_clock_offset() -> None:
     # Same clock both ends: the offset is half the exchange's apparent delay, smallest for the second.
     assert offsets[1] == offsets[2] and 0.0005 < offsets[1] < 0.0015
     assert offsets[0] == pytest.approx(0.25, abs=0.01)
+
+
+@given(st.lists(st.floats(min_value=0, max_value=1, allow_nan=False), max_size=300), st.integers(1, 70))
+def test_the_least_delayed_of_a_sliding_window_is_the_windows_minimum(delays: list[float], size: int) -> None:
+    window = LeastDelayed(size)
+    for i, delay in enumerate(delays):
+        best_delay, best_offset = window.add(delay, offset=float(i))
+        recent = delays[max(0, i + 1 - size) : i + 1]
+        assert best_delay == min(recent)
+        assert delays[int(best_offset)] == best_delay and i + 1 - size <= best_offset <= i
 
 
 def test_an_echo_without_the_responders_clocks_gives_no_offset() -> None:

@@ -2,6 +2,7 @@
 
 import asyncio
 import socket
+from collections import Counter
 
 import pytest
 
@@ -186,6 +187,46 @@ def test_both_probes_time_every_request_from_the_kernels_transmit_stamp(
     asyncio.run(scenario())
     assert len(chosen) == 60
     assert all(k is not None and read <= k <= arrived for read, k, arrived in chosen), chosen
+
+
+def test_an_exchange_wakes_its_prober_once_for_the_answer_not_for_its_transmit_stamp(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each send's transmit stamp is taken as it is sent: its arrival on the error queue would
+    otherwise wake the prober a second time per exchange (the socket polls as readable)."""
+    wakes: list[str] = []
+    on_readable, read = Connection._on_readable, EchoProber._read
+
+    def tcp_woken(conn: Connection) -> None:
+        if conn._stamping:  # the prober's connection, not the responder's
+            wakes.append("tcp")
+        on_readable(conn)
+
+    def udp_woken(prober: EchoProber, sock: socket.socket, flow: int) -> None:
+        wakes.append("udp")
+        read(prober, sock, flow)
+
+    monkeypatch.setattr(Connection, "_on_readable", tcp_woken)
+    monkeypatch.setattr(EchoProber, "_read", udp_woken)
+
+    async def scenario() -> tuple[RttReport, RttReport]:
+        allow = AllowList(["127.0.0.0/8"])
+        rr = await RrResponder(allow, 16, lambda _: None).start("127.0.0.1", 0)
+        echo = EchoResponder(allow, 1000, lambda _: None)
+        await echo.start("127.0.0.1", 0)
+        tcp, udp = RttReport("tcp", 0.01, 1), RttReport("udp", 0.01, 64)
+        rtt = RttSettings(interval_seconds=0.01, size_bytes=1, timeout_seconds=2.0, flows=2)
+        await RttProber(Target("127.0.0.1", rr.listener.getsockname()[1]), rtt, ReportSink(tcp)).run(count=20)
+        loss = LossSettings(rate_pps=100, size_bytes=64, timeout_seconds=1.0, flows=4)
+        await EchoProber(Target("127.0.0.1", echo.sockname()[1]), loss, ReportSink(udp)).run(40)
+        rr.close()
+        echo.close()
+        return tcp, udp
+
+    tcp, udp = asyncio.run(scenario())
+    assert (tcp.received, udp.received) == (20, 40)
+    # For the responders' answers (and each connection's hello's): none for a stamp.
+    assert wakes.count("tcp") <= 20 + 2 and wakes.count("udp") <= 40, Counter(wakes)
 
 
 def test_the_mtu_prober_sees_sizes_carried_over_loopback() -> None:

@@ -46,11 +46,11 @@ def enable_sent(sock: socket.socket) -> bool:
     return True
 
 
-def sent_times(sock: socket.socket) -> list[tuple[int, int]]:
-    """(key, transmit time in ns) of every transmit stamp waiting on `sock`'s error queue,
-    which this empties: while it holds any, the socket polls as readable (EPOLLERR)."""
+def sent_times(sock: socket.socket, most: int = 256) -> list[tuple[int, int]]:
+    """(key, transmit time in ns) of the transmit stamps waiting on `sock`'s error queue, up to
+    `most` of them: while it holds any, the socket polls as readable (EPOLLERR)."""
     found = []
-    for _ in range(256):
+    for _ in range(most):
         try:
             _, ancdata, _, _ = sock.recvmsg(1, ERRQUEUE_CMSG_SPACE, socket.MSG_ERRQUEUE)
         except (BlockingIOError, InterruptedError):

@@ -183,11 +183,15 @@ class Connection:
             self._loop.remove_reader(self.sock.fileno())
             self._reading = False
 
-    def _on_readable(self) -> None:
+    def _take_sent_stamps(self, most: int = 256) -> None:
+        """Transmit stamps from the error queue (up to `most`); the last write's last byte's is sent_ns."""
         if self._stamping:
-            for key, when in stamps.sent_times(self.sock):
+            for key, when in stamps.sent_times(self.sock, most):
                 if key == (self._written - 1) % 2**32:
                     self.sent_ns = when
+
+    def _on_readable(self) -> None:
+        self._take_sent_stamps()
         try:
             data, ancdata, _, _ = self.sock.recvmsg(READ_SIZE, stamps.CMSG_SPACE)
         except (BlockingIOError, InterruptedError):
@@ -244,6 +248,10 @@ class Connection:
         if sent < len(data):
             await self._loop.sock_sendall(self.sock, data[sent:])
             self._written += len(data) - sent
+        # An unqueued send is stamped within send() itself: taking its stamp now spares the event
+        # loop the wake-up its arrival on the error queue would cost (the socket polls as readable).
+        # One read: a small write is one segment, one stamp.
+        self._take_sent_stamps(most=1)
 
     def close(self) -> None:
         self._pause()

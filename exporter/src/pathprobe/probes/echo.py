@@ -36,6 +36,26 @@ STAMP_KEYS_KEPT = 64
 JITTER_GAIN = 1 / 16
 
 
+class LeastDelayed:
+    """The least-delayed of the last `size` exchanges (delay, offset): a monotonic queue, in which
+    each exchange is pushed and popped once, instead of a scan of all of them at every echo."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.added = size, 0
+        self.queue: deque[tuple[int, float, float]] = deque()  # (number, delay, offset), delays rising
+
+    def add(self, delay: float, offset: float) -> tuple[float, float]:
+        """Add an exchange; returns the least-delayed one's (delay, offset) of the window."""
+        queue = self.queue
+        while queue and queue[-1][1] >= delay:
+            queue.pop()  # never the least delayed again: this one is newer and no slower
+        queue.append((self.added, delay, offset))
+        self.added += 1
+        if queue[0][0] < self.added - self.size:
+            queue.popleft()
+        return queue[0][1], queue[0][2]
+
+
 class _Flow:
     """One source port's packets: counts for the per-direction split, and its health."""
 
@@ -66,18 +86,22 @@ class EchoProber:
         self._last_rtt: float | None = None
         self._jitter = 0.0
         self._memory = max(1024, int(settings.rate_pps * settings.timeout_seconds * 4))
-        self._offsets: deque[tuple[float, float]] = deque(maxlen=OFFSET_SAMPLES)  # (delay, offset)
+        self._offsets = LeastDelayed(OFFSET_SAMPLES)
         self._stamping = False  # whether the flows' sockets give transmit stamps
         self._sent_ns: dict[int, int] = {}  # seq -> the kernel's transmit stamp, of packets in flight
 
     # --- receiving
-    def _read(self, sock: socket.socket, flow: int) -> None:
-        if self._stamping:  # first: an echo read below may be the answer to a packet stamped here
+    def _take_sent_stamps(self, sock: socket.socket, flow: int, most: int = 256) -> None:
+        """A flow's transmit stamps (up to `most`), each to the packet in flight it stamps."""
+        if self._stamping:
             keys = self._flows[flow].stamp_keys
-            for key, when in stamps.sent_times(sock):
+            for key, when in stamps.sent_times(sock, most):
                 seq = keys.pop(key, None)
                 if seq is not None and seq in self._outstanding:
                     self._sent_ns[seq] = when
+
+    def _read(self, sock: socket.socket, flow: int) -> None:
+        self._take_sent_stamps(sock, flow)  # first: an echo read below may be the answer to a packet stamped here
         for _ in range(64):
             try:
                 data, ancdata, _, addr = sock.recvmsg(2048, stamps.CMSG_SPACE + socket.CMSG_SPACE(4))
@@ -145,8 +169,7 @@ class EchoProber:
             return
         # The offset as NTP's on-wire method takes it, from clock reads (as it always was here).
         offset, delay = stamps.clock_offset(sent_ns, took_ns, answered_ns, time.time_ns())
-        self._offsets.append((delay, offset))
-        best_delay, best_offset = min(self._offsets)
+        best_delay, best_offset = self._offsets.add(delay, offset)
         self.sink.clock_offset(best_offset)
         peer_bound = None
         if len(echo) >= wire.ECHO_BOUND_OFFSET + wire.ECHO_BOUND.size:
@@ -270,6 +293,9 @@ class EchoProber:
                 try:
                     socks[flow].send(wire.echo_packet(self._seq, size, time.time_ns()))
                     self._stamped(flow, self._seq)
+                    # Stamped within send() unless queued: taken now, it wakes no one (wire.Connection.write);
+                    # one read, not one more to find the queue empty.
+                    self._take_sent_stamps(socks[flow], flow, most=1)
                 except BlockingIOError:
                     pass  # a full send buffer drops the packet: it counts as lost
                 except OSError as exc:
