@@ -1,10 +1,12 @@
 """Exporter benchmark: scrape latency with 500 peers' worth of results, and the
-exporter's CPU and memory idle and while probing 50 peers at 10 RTT/s each.
+exporter's CPU and memory idle and while probing 50 peers with the continuous probes' defaults.
 
 Run: .venv/bin/python bench/exporter_bench.py   (loopback only; about 2.5 minutes)
+     .venv/bin/python bench/exporter_bench.py --cost   (the CPU and memory rows only; about 1.5 minutes)
+     .venv/bin/python bench/exporter_bench.py --profile   (those, the full load under cProfile, its top functions)
      .venv/bin/python bench/exporter_bench.py --idle   (the idle-connection rows only; about 2 minutes)
      .venv/bin/python bench/exporter_bench.py --reload   (the large-reload rows only; about 1 minute)
-Targets: scrape p99 < 20 ms, idle RSS < 60 MB, < 5% of one core for 50 peers;
+Targets: scrape p99 < 20 ms, idle RSS < 60 MB, < 3% of one core for 50 peers' continuous probes;
 with 1,000 idle connections from 10 addresses held open, scrape p99 as without them;
 a 10,000-member hierarchical mesh: check-config < 1 s, a reload's time on the event loop < 0.1 s.
 """
@@ -15,6 +17,7 @@ import contextlib
 import gzip
 import multiprocessing
 import os
+import pstats
 import random
 import re
 import resource
@@ -25,6 +28,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -106,13 +110,15 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def exporter_cost(peers: int, probes: dict, seconds: float = 30) -> tuple[float, float]:
-    """(share of one core, RSS MB) of a real `pathprobe run`, measured over `seconds`."""
+def exporter_cost(peers: int, probes: dict, seconds: float = 30, profile: Path | None = None) -> tuple[float, float]:
+    """(share of one core, RSS MB) of a real `pathprobe run`, measured over `seconds`; with
+    `profile`, run under cProfile, which writes its statistics there as the exporter stops."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg_file = Path(tmp) / "bench.yaml"
         cfg_file.write_text(yaml.safe_dump(mesh(peers, **probes)))
+        python = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "pathprobe"] if profile else PATHPROBE
         proc = subprocess.Popen(
-            [*PATHPROBE, "run", "--config", str(cfg_file)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            [*python, "run", "--config", str(cfg_file)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         try:
             deadline = time.monotonic() + 20
@@ -339,44 +345,81 @@ def reload_rows(sizes: tuple[int, ...] = (1_000, 10_000)) -> list[tuple[str, str
     return rows
 
 
+@contextlib.contextmanager
+def responders() -> Iterator[None]:
+    """One `pathprobe serve` answering every peer of mesh(): it listens on every address, so that
+    it answers all of 127.0.x.y (loopback only)."""
+    proc = subprocess.Popen([*PATHPROBE, "serve", "--listen", "0.0.0.0", "--allow", "127.0.0.0/8",
+                             "--rr-port", "19470", "--echo-port", "19470", "--iperf3-port", "15201",
+                             # every prober connects from 127.0.0.1 here, 8 flows each
+                             "--rr-max-connections-per-source", "1000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline()  # ready
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+# The continuous probes at their defaults (config.py), nothing else.
+OFF = {"throughput": {"enabled": False}, "rtt": {"enabled": False}, "loss": {"enabled": False},
+       "mtu": {"enabled": False}}  # fmt: skip
+BUSY = {**OFF, "rtt": {}, "loss": {}}
+
+
+def cost_rows(profile: Path | None = None) -> list[tuple[str, str, str]]:
+    """The exporter's CPU and memory at 50 peers: idle, the RTT probes alone, the full default
+    continuous load; with `profile`, the last under cProfile (its statistics written there)."""
+    idle_cpu, idle_rss = exporter_cost(50, OFF, seconds=15)
+    rtt_cpu, rtt_rss = exporter_cost(50, {**BUSY, "loss": {"enabled": False}})
+    all_cpu, all_rss = exporter_cost(50, BUSY, profile=profile)
+    probes = Config.model_validate(mesh(1)).probes
+    rtt_per_second, echo_per_second = 50 / probes.rtt.interval_seconds, 50 * probes.loss.rate_pps
+    return [
+        ("idle RSS, 50 peers (MB)", f"{idle_rss:.1f}", "< 60"),
+        ("idle CPU, 50 peers (% of a core)", f"{idle_cpu * 100:.2f}", ""),
+        (f"CPU, 50 peers x {rtt_per_second / 50:g} RTT/s (%)", f"{rtt_cpu * 100:.2f}", ""),
+        (f"CPU, 50 peers x ({rtt_per_second / 50:g} RTT/s + {echo_per_second / 50:g} echo/s) (%)",
+         f"{all_cpu * 100:.2f}", "< 3"),
+        ("  CPU per RTT exchange / per echo (us)",
+         f"{(rtt_cpu - idle_cpu) / rtt_per_second * 1e6:.0f} / {(all_cpu - rtt_cpu) / echo_per_second * 1e6:.0f}", ""),
+        ("RSS, 50 peers probing (MB)", f"{max(rtt_rss, all_rss):.1f}", ""),
+    ]  # fmt: skip
+
+
+def print_profile(stats_file: Path, top: int = 25) -> None:
+    """The functions that cost the exporter most time of their own, and their callers' share."""
+    print(f"\nprofile of the full load ({top} functions by own time):")
+    pstats.Stats(str(stats_file)).sort_stats("tottime").print_stats(top)
+
+
 def main() -> None:
-    if sys.argv[1:] == ["--idle"]:
+    mode = sys.argv[1:]
+    if mode == ["--idle"]:
         print_rows(idle_rows())
         return
-    if sys.argv[1:] == ["--reload"]:
+    if mode == ["--reload"]:
         print_rows(reload_rows())
         return
-    # Listening on every address so that it answers all of 127.0.x.y (loopback only).
-    responders = subprocess.Popen([*PATHPROBE, "serve", "--listen", "0.0.0.0", "--allow", "127.0.0.0/8",
-                                   "--rr-port", "19470", "--echo-port", "19470", "--iperf3-port", "15201",
-                                   # every prober connects from 127.0.0.1 here, 8 flows each
-                                   "--rr-max-connections-per-source", "1000"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
-    assert responders.stdout is not None and responders.stdout.readline()  # ready
-    try:
+    if mode in (["--cost"], ["--profile"]):
+        with tempfile.TemporaryDirectory() as tmp, responders():
+            stats = Path(tmp) / "exporter.prof" if mode == ["--profile"] else None
+            print_rows(cost_rows(stats))
+            if stats is not None:
+                print_profile(stats)
+        return
+    with responders():
         s = scrape_latency()
-        off = {"throughput": {"enabled": False}, "rtt": {"enabled": False}, "loss": {"enabled": False},
-               "mtu": {"enabled": False}}  # fmt: skip
-        idle_cpu, idle_rss = exporter_cost(50, off, seconds=15)
-        busy = {"throughput": {"enabled": False}, "rtt": {"interval_seconds": 0.1}, "loss": {"rate_pps": 10},
-                "mtu": {"enabled": False}}  # fmt: skip
-        rtt_cpu, rtt_rss = exporter_cost(50, {**busy, "loss": {"enabled": False}})
-        all_cpu, all_rss = exporter_cost(50, busy)
+        cost = cost_rows()
         idle = idle_rows()
         reloads = reload_rows()
-    finally:
-        responders.terminate()
-        responders.wait(timeout=10)
     rows = [
         ("scrape p50, 500 peers (ms)", f"{s['p50'] * 1e3:.2f}", ""),
         ("scrape p99, 500 peers (ms)", f"{s['p99'] * 1e3:.2f}", "< 20"),
         ("first scrape, renders in the request (ms)", f"{s['max'] * 1e3:.2f}", ""),
         ("exposition size, 500 peers", f"{s['bytes'] / 1e6:.1f} MB, {s['lines']:.0f} lines", ""),
-        ("idle RSS, 50 peers (MB)", f"{idle_rss:.1f}", "< 60"),
-        ("idle CPU, 50 peers (% of a core)", f"{idle_cpu * 100:.2f}", ""),
-        ("CPU, 50 peers x 10 RTT/s (% of a core)", f"{rtt_cpu * 100:.2f}", "< 5"),
-        ("CPU, 50 peers x (10 RTT/s + 10 UDP echo/s)", f"{all_cpu * 100:.2f}", ""),
-        ("RSS, 50 peers probing (MB)", f"{max(rtt_rss, all_rss):.1f}", ""),
+        *cost,
         *idle,
         *reloads,
     ]

@@ -7,10 +7,10 @@ the daily byte budget, 50 GB by default, stops a host).
 Run: .venv/bin/python bench/fleet.py [--slot-seconds 120] [--test-gb 0.6] [--tests-per-turn 2]   (a few seconds)
 
 Series per peer and per host are measured on the exporter's own rooms (`series_model`,
-default probes: printed first); RTT and UDP echo at 10/s each per peer
-(the defaults); a global Prometheus that receives only the region-pair recording rules
-(alerts/pathprobe.rules.yml, group pathprobe.region_pairs), 11 series per ordered region pair
-with the default two tests per path; hosts spread evenly over regions and three zones per region.
+default probes: printed first); RTT and UDP echo at their default rates per peer; a global
+Prometheus that receives only the region-pair recording rules (alerts/pathprobe.rules.yml, group
+pathprobe.region_pairs), 11 series per ordered region pair with the default two tests per path;
+hosts spread evenly over regions and three zones per region.
 Targets at 1,000 hosts / 30 regions: <= 1 M series per regional Prometheus, <= 100 k in the
 global view, every region pair's throughput measured at least every 6 h, <= 500 RTT probes/s
 per host.
@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[1] / "exporter" / "src"))
 from prometheus_client.parser import text_string_to_metric_families
 
-from pathprobe.config import Config
+from pathprobe.config import Config, RttSettings
 from pathprobe.exporter import Exporter
 from pathprobe.mesh import Member, Policy, links
 from pathprobe.metrics import TestKey, registry
@@ -40,7 +40,7 @@ from pathprobe.web import Snapshot, Stats
 # Global view per ordered region pair (intra-region pairs too), default tests (tcp x1 and x8 send):
 # paths 1 + ratio 2 + rate 2 + last test 1 + RTT p50 and p99 of tcp and udp 4 + loss 1 (rules.py).
 GLOBAL_PER_REGION_PAIR = 11
-RTT_PER_SECOND = 10
+RTT_PER_SECOND = 1 / RttSettings().interval_seconds
 FLEETS = ((50, 5), (200, 12), (1000, 30))
 HIER2 = Policy(kind="hierarchical", scope="region", representatives=2)
 # name: (policy, peers outside the region exported compact: mesh.compact_outside)
@@ -154,10 +154,10 @@ def row(hosts: int, regions: int, name: str, args: argparse.Namespace, model: Se
     # per host, before its daily byte budget (50 GB by default) stops it.
     per_host_day = 2 * args.tests_per_turn * args.test_gb * 1e9 * (24 / rotation_h) * len(pairs) / hosts
     inter = [p for p in pairs if region[p[0]] != region[p[1]]]
-    rtt = RTT_PER_SECOND * max(degree.values())
+    rtt = round(RTT_PER_SECOND * max(degree.values()))
     ok = max(per_region.values()) <= 1e6 and global_series <= 1e5 and rotation_h <= 6 and rtt <= 500
     return [str(hosts), str(regions), name, f"{sum(degree.values()) / hosts:.1f} / {max(degree.values())}",
-            f"{rtt}", f"{max(per_host.values()):,}", f"{max(per_region.values()):,}", f"{global_series:,}",
+            f"{rtt:,}", f"{max(per_host.values()):,}", f"{max(per_region.values()):,}", f"{global_series:,}",
             f"{rotation_h:.1f} h ({slots} slots)", f"{per_host_day / 1e9:,.0f} GB",
             f"{len(inter)} inter-region links; targets {'met' if ok else 'missed'}"]  # fmt: skip
 

@@ -43,7 +43,7 @@ def test_shipped_example_is_valid() -> None:
 def test_minimal_config_gets_defaults(tmp_path: Path) -> None:
     cfg = config.load(write(tmp_path, MINIMAL))
     assert cfg.iperf3.port == 5201
-    assert cfg.probes.rtt.interval_seconds == 0.1
+    assert cfg.probes.rtt.interval_seconds == 1.0 and cfg.probes.loss.rate_pps == 5
     assert cfg.budget.daily_bytes == 50 * 10**9
 
 

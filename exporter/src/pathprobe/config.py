@@ -153,9 +153,18 @@ class ScheduleSettings(Strict):
 FLOWS_DEFAULT, FLOWS_MAX = 8, 64
 
 
+# The continuous probes' default rates, per peer: what the rules read needs no more, and 50 peers'
+# probing then costs a few percent of a core (bench/exporter_bench.py). RTT once a second, as
+# smokeping_prober's default: the rules read the p50 over probes.rtt.quantile_window_seconds (300
+# samples); UDP echo 5 packets a second: the loss rule's warning (1% over 10 minutes) is then 30
+# lost packets, enough to tell it from half of it (Poisson); each of 8 flows is failing after
+# about 26 s of its packets lost.
+RTT_INTERVAL_DEFAULT, ECHO_RATE_DEFAULT = 1.0, 5.0
+
+
 class RttSettings(Strict):
     enabled: bool = True
-    interval_seconds: float = Field(default=0.1, ge=0.001, le=60)
+    interval_seconds: float = Field(default=RTT_INTERVAL_DEFAULT, ge=0.001, le=60)
     size_bytes: int = Field(default=1, ge=1, le=65536)
     timeout_seconds: float = Field(default=1.0, gt=0, le=30)
     # TCP connections, used in turn (each has its own source port).
@@ -168,7 +177,7 @@ class RttSettings(Strict):
 
 class LossSettings(Strict):
     enabled: bool = True
-    rate_pps: float = Field(default=10, gt=0, le=1000)
+    rate_pps: float = Field(default=ECHO_RATE_DEFAULT, gt=0, le=1000)
     size_bytes: int = Field(default=64, ge=36, le=1400)  # 36: the echo header (wire.ECHO_HEADER)
     # A packet is lost only when no echo came within this time.
     timeout_seconds: float = Field(default=2.0, gt=0, le=30)
