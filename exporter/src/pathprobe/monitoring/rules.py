@@ -250,11 +250,11 @@ def _named(p: Params, scope: str, bad: str) -> str:
             f"and ({bad} >= {p.culprit_min_bad_paths}) / {PATHS}{m} >= {p.culprit_bad_share:g}")  # fmt: skip
 
 
-def _path_level(p: Params) -> str:
-    """Each path's state from its signals, at the alerts' own thresholds (throughput: its latest test,
+def path_signals(p: Params) -> dict[str, str]:
+    """Each signal's state of every path, at the alerts' own thresholds (throughput: its latest test,
     not the alerts' window of tests): 0 good, 1 bad, 2 bad at a critical threshold (throughput, loss)
-    or unreachable; with every label of the path. Loss, RTT and reachability are round trips: a fault
-    on them marks both directions of a path."""
+    or unreachable. Loss, RTT and reachability are round trips: a fault on them marks both directions
+    of a path."""
     sel, idle = p.selector, f'{p.selector}, state="idle"'
     # Tests this host sent: a receive test measures the peer's egress under this host's labels.
     ratio = f'min by ({SOURCE}) (path:pathprobe_throughput_expected_ratio:last{{direction="send"}})'
@@ -271,7 +271,7 @@ def _path_level(p: Params) -> str:
             f"[{p.unreachable_window}]))"
         )
 
-    signals = {
+    return {
         "throughput": f"({ratio} < bool {p.throughput_ratio_warning:g})\n"
                       f"  + ({ratio} < bool {p.throughput_ratio_critical:g})",
         "loss": f"(({loss}) > bool {p.loss_ratio_warning:g})\n  + (({loss}) > bool {p.loss_ratio_critical:g})",
@@ -280,8 +280,13 @@ def _path_level(p: Params) -> str:
         # Unreachable: no answer and failed probes (a path without RTT probes stays good).
         "reachability": f"2 * ({runs('=')} == bool 0) * ({runs('!=')} > bool 0)\n  or 0 * {runs('=')}",
     }  # fmt: skip
-    terms = "\n  or ".join(_with(f"({expr})", signal=name) for name, expr in signals.items())
-    return f"max by ({SOURCE}) (\n  {terms}\n)\n* on ({PATH}) group_left ({PATH_SIDES}) pathprobe_peer_info{{{sel}}}"
+
+
+def _path_level(p: Params) -> str:
+    """Each path's state (path_signals: the worst of its signals), with every label of the path."""
+    terms = "\n  or ".join(_with(f"({expr})", signal=name) for name, expr in path_signals(p).items())
+    return (f"max by ({SOURCE}) (\n  {terms}\n)\n* on ({PATH}) group_left ({PATH_SIDES}) "
+            f"pathprobe_peer_info{{{p.selector}}}")  # fmt: skip
 
 
 def _culprits(p: Params) -> list[dict[str, Any]]:
