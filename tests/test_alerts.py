@@ -342,6 +342,28 @@ def router_nft(script: str) -> None:
     subprocess.run(in_ns(ROUTER, ["nft", "-f", "-"]), input=script, text=True, check=True)
 
 
+def impaired_until_it_fires(lab: Lab, drill: str, alertname: str, impair: Callable[[], None],
+                            undo: Callable[[], None]) -> tuple[list[dict], float]:  # fmt: skip
+    """Impair the drill's pair until `alertname` fires for its host, then undo (whatever happened,
+    a half-done impairment too): the alerts sent, and the seconds from the impairment to them."""
+    src, _ = src_dst(drill)
+    impaired = time.monotonic()
+    try:
+        impair()
+        fired = wait_for(f"{alertname} on {src}", lambda: named(sent(lab.log, drill), alertname, host=src),
+                         timeout=240)  # fmt: skip
+        return fired, time.monotonic() - impaired
+    finally:
+        undo()
+
+
+def seconds_to_resolve(lab: Lab, drill: str, alertname: str) -> float:
+    restored = time.monotonic()
+    wait_for(f"{alertname} resolved", lambda: named(sent(lab.log, drill, status="resolved"), alertname),
+             timeout=240)  # fmt: skip
+    return time.monotonic() - restored
+
+
 def ecmp_drill(lab: Lab) -> str:
     # The echo prober sends over 8 sockets (source ports); a broken ECMP member drops what one of them
     # sends. The path's loss alone is 1/8 (loss alerts may join); the partial-failure alert names the path.
@@ -354,22 +376,18 @@ def ecmp_drill(lab: Lab) -> str:
         return found if len(found) >= 8 else None
 
     victim = wait_for("the echo flows", ports, timeout=30)[3]
-    impaired = time.monotonic()
-    router_nft(f"table inet ecmp {{\n chain member {{\n type filter hook forward priority 0\n"
-               f" ip saddr {src_address} udp sport {victim} drop\n }}\n}}\n")  # fmt: skip
-    try:
-        fired = wait_for("the partial-failure alert",
-                         lambda: named(sent(lab.log, "ecmp"), "PathprobePathPartiallyFailing", host=src),
-                         timeout=240)  # fmt: skip
-        time_to_fire = time.monotonic() - impaired
-    finally:
+
+    def impair() -> None:
+        router_nft(f"table inet ecmp {{\n chain member {{\n type filter hook forward priority 0\n"
+                   f" ip saddr {src_address} udp sport {victim} drop\n }}\n}}\n")  # fmt: skip
+
+    def undo() -> None:
         subprocess.run(in_ns(ROUTER, ["nft", "delete", "table", "inet", "ecmp"]), check=False)
+
+    fired, to_fire = impaired_until_it_fires(lab, "ecmp", "PathprobePathPartiallyFailing", impair, undo)
     assert fired[0]["labels"]["peer"] == dst and fired[0]["labels"]["protocol"] == "udp", fired
-    restored = time.monotonic()
-    wait_for("it resolved", lambda: named(sent(lab.log, "ecmp", status="resolved"), "PathprobePathPartiallyFailing"),
-             timeout=240)  # fmt: skip
-    return (f"ECMP drill (1 of 8 echo flows dropped): fired after {time_to_fire:.0f} s, "
-            f"resolved after {time.monotonic() - restored:.0f} s")  # fmt: skip
+    to_resolve = seconds_to_resolve(lab, "ecmp", "PathprobePathPartiallyFailing")
+    return f"ECMP drill (1 of 8 echo flows dropped): fired after {to_fire:.0f} s, resolved after {to_resolve:.0f} s"
 
 
 def mtu_drill(lab: Lab) -> str:
@@ -380,24 +398,20 @@ def mtu_drill(lab: Lab) -> str:
     # A black hole is a size the path carried before: once it has.
     carried = f'pathprobe_path_mtu_carried{{host="{src}",peer="{dst}",size_bytes="1500"}} == 1'
     wait_for("1500 bytes carried", lambda: promql.query(lab.prom, carried), timeout=90)
-    impaired = time.monotonic()
-    subprocess.run(["ip", "-n", ROUTER, "link", "set", link, "mtu", "1450"], check=True)
-    router_nft("table inet pmtu {\n chain out {\n type filter hook output priority 0\n"
-               " icmp type destination-unreachable icmp code frag-needed drop\n }\n}\n")  # fmt: skip
-    try:
-        fired = wait_for("the black-hole alert",
-                         lambda: named(sent(lab.log, "mtu"), "PathprobePathMtuBlackHole", host=src),
-                         timeout=240)  # fmt: skip
-        time_to_fire = time.monotonic() - impaired
-    finally:
+
+    def impair() -> None:
+        subprocess.run(["ip", "-n", ROUTER, "link", "set", link, "mtu", "1450"], check=True)
+        router_nft("table inet pmtu {\n chain out {\n type filter hook output priority 0\n"
+                   " icmp type destination-unreachable icmp code frag-needed drop\n }\n}\n")  # fmt: skip
+
+    def undo() -> None:
         subprocess.run(["ip", "-n", ROUTER, "link", "set", link, "mtu", "1500"], check=False)
         subprocess.run(in_ns(ROUTER, ["nft", "delete", "table", "inet", "pmtu"]), check=False)
+
+    fired, to_fire = impaired_until_it_fires(lab, "mtu", "PathprobePathMtuBlackHole", impair, undo)
     assert {(a["labels"]["peer"], a["labels"]["size_bytes"]) for a in fired} == {(dst, "1500")}, fired
-    restored = time.monotonic()
-    wait_for("it resolved", lambda: named(sent(lab.log, "mtu", status="resolved"), "PathprobePathMtuBlackHole"),
-             timeout=240)  # fmt: skip
-    return (f"MTU drill (1500 bytes black-holed): fired after {time_to_fire:.0f} s, "
-            f"resolved after {time.monotonic() - restored:.0f} s")  # fmt: skip
+    to_resolve = seconds_to_resolve(lab, "mtu", "PathprobePathMtuBlackHole")
+    return f"MTU drill (1500 bytes black-holed): fired after {to_fire:.0f} s, resolved after {to_resolve:.0f} s"
 
 
 AT_ONCE: dict[str, Callable[[Lab], str]] = {
