@@ -121,13 +121,7 @@ def exporter_cost(peers: int, probes: dict, seconds: float = 30, profile: Path |
             [*python, "run", "--config", str(cfg_file)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         try:
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:  # ready when /metrics answers
-                try:
-                    urllib.request.urlopen("http://127.0.0.1:19469/metrics", timeout=1).read()
-                    break
-                except OSError:
-                    time.sleep(0.2)
+            wait_ready("http://127.0.0.1:19469/metrics")
             time.sleep(5)  # settle: connections made, first results in
             c0, t0 = cpu_seconds(proc.pid), time.monotonic()
             time.sleep(seconds)

@@ -22,10 +22,9 @@ an older responder leaves them zero. With room for 8 more (60 bytes or more), it
 clock error bound (u64 ns, zero when it knows none: clock.py) after them. With the prober's own
 kernel stamps, each echo gives the one-way delay of each direction: out, from the send to the
 answer's stamp less the hold (the request's kernel arrival); back, from that stamp to the
-answer's arrival. With room for 2 more
-(62 bytes or more), it writes 1 and the TOS byte the request arrived with (zeros where its
-socket did not say), and sends the answer with that TOS: the prober learns whether its DSCP
-mark arrived, and whether the answer's came back.
+answer's arrival. With room for 2 more (62 bytes or more), it writes 1 and the TOS byte the
+request arrived with (zeros where its socket did not say), and sends the answer with that TOS:
+the prober learns whether its DSCP mark arrived, and whether the answer's came back.
 """
 
 from __future__ import annotations
