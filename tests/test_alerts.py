@@ -117,6 +117,10 @@ def test_alertmanager_config_is_valid(tmp_path: Path) -> None:
     (["severity=warning", "region=eu-west-1", "alertname=PathprobeRttAboveBaseline"], "slack-emea"),
     (["severity=warning", "alertname=PathprobeScheduleMismatch"], "slack-network"),
     (["alertname=SomethingElse"], "webhook"),
+    # A culprit's warning form waits longer for its critical form in a route of its own, to the same channels.
+    (["severity=warning", "scope=zone", "region=ap-northeast-1", "alertname=PathprobeZoneDegraded"], "slack-apac"),
+    (["severity=warning", "scope=region_pair", "region=xx-1", "alertname=PathprobeRegionPairDegraded"],
+     "slack-network"),
 ])  # fmt: skip
 def test_routing(labels: list[str], receivers: str) -> None:
     out = run("amtool", "config", "routes", "test", f"--config.file={AM}", *labels)

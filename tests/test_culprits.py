@@ -259,12 +259,26 @@ def per_path_alerts(fault: dict[Path_, tuple[str, float]]) -> list[dict[str, str
     return out
 
 
+WEBHOOK = 19294
+
+
 @pytest.fixture(scope="module")
-def alertmanager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real Alertmanager on the production routing and inhibitions (its receivers made webhooks
-    to a closed port: this test reads its API, not its notifications)."""
+def notifications(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A webhook on port WEBHOOK that logs each notification it gets, one JSON a line, to the path yielded."""
+    log = tmp_path_factory.mktemp("webhook") / "notifications.log"
+    log.touch()
+    webhook = demo.start_webhook(log, WEBHOOK)
+    yield log
+    webhook.shutdown()
+
+
+@pytest.fixture(scope="module")
+def alertmanager(tmp_path_factory: pytest.TempPathFactory, notifications: Path) -> Iterator[str]:
+    """A real Alertmanager on the production routing and inhibitions with the lab's timers, every
+    receiver the `notifications` webhook."""
     work = tmp_path_factory.mktemp("am")
-    (work / "alertmanager.yml").write_text(yaml.safe_dump(demo.alertmanager_config("http://127.0.0.1:9/alerts", AM)))
+    config = demo.alertmanager_config(f"http://127.0.0.1:{WEBHOOK}/alerts", AM)
+    (work / "alertmanager.yml").write_text(yaml.safe_dump(config))
     port = 19293
     proc = subprocess.Popen([demo.binary("prometheus-alertmanager", "alertmanager"),
                              f"--config.file={work / 'alertmanager.yml'}", f"--storage.path={work / 'data'}",
@@ -330,6 +344,44 @@ def held_alone(alertmanager: str, case: str, alerts: list[dict[str, Any]], named
     # two regions are two.
     regions = {n["region"] for n in pages(named)}
     assert len(groups) == len(regions) * (2 if named[0]["severity"] == "critical" else 1), groups
+
+
+def test_a_zone_culprit_holds_back_its_hosts_culprits(alertmanager: str) -> None:
+    """While a lossy zone recovers, its paths drain at different times and one of its hosts can
+    look like a culprit after the zone is no longer named; the zone's alert, still firing, explains it."""
+    case = "a zone and its host"
+    zone = culprit_labels("zone", False, zone="ap-northeast-1c", region=TOKYO)
+    host = culprit_labels("host", False, side="ingress", host="tokyo-c1", region=TOKYO, zone="ap-northeast-1c")
+    alerts = [{"labels": {**a, "case": case}} for a in [*zone, *host]]
+    with posted(alertmanager, alerts):
+        held_alone(alertmanager, case, alerts, zone)
+
+
+def test_a_culprit_that_turns_critical_within_the_wait_pages_alone(alertmanager: str, notifications: Path) -> None:
+    """A fault's paths cross their warning thresholds before their critical ones, so its culprit's
+    warning form fires first; the critical form two of the lab's rule evaluations later (10 s) still
+    silences it before its channel hears of it. A culprit that stays a warning in the same group
+    (alertname, region) is sent when the wait ends."""
+    case = "warning, then critical"
+    turns = culprit_labels("host", True, side="egress", host="tokyo-a1", region=TOKYO, zone="ap-northeast-1a")
+    stays = culprit_labels("host", False, side="egress", host="tokyo-c1", region=TOKYO, zone="ap-northeast-1c")
+    warnings = [{"labels": {**a, "case": case}} for a in [turns[0], *stays]]
+    critical = [{"labels": {**turns[1], "case": case}}]
+    with posted(alertmanager, warnings):
+        time.sleep(10)  # the critical form fires two of the lab's evaluations (5 s) after the warning one
+        with posted(alertmanager, critical):
+
+            def sent() -> list[tuple[str, str, str]] | None:
+                got = [(m["receiver"], a["labels"]["alertname"], a["labels"]["host"])
+                       for line in notifications.read_text().splitlines() for m in [json.loads(line)]
+                       for a in m["alerts"] if a["labels"].get("case") == case and a["status"] == "firing"]  # fmt: skip
+                return sorted(got) if len(got) >= 3 else None
+
+            got = wait_for("the warning group's notification and the page", sent, timeout=60, every=0.5)
+    # The warning group's one notification holds the culprit that stayed a warning, not the one that turned.
+    assert got == sorted([("pagerduty", "PathprobeHostFailing", "tokyo-a1"),
+                          ("slack-apac", "PathprobeHostFailing", "tokyo-a1"),
+                          ("slack-apac", "PathprobeHostDegraded", "tokyo-c1")]), got  # fmt: skip
 
 
 # --- 1,000 hosts through a real Prometheus ---------------------------------------------

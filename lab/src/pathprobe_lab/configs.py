@@ -119,6 +119,10 @@ def scrape_targets(topo: Topology, meshes: Mapping[str, str] | None = None) -> l
     ]  # fmt: skip
 
 
+# The lab's rule evaluation interval (production: Params().evaluation_interval, 1m).
+LAB_EVALUATION_INTERVAL = "5s"
+
+
 def lab_alert_params(rotation_seconds: float, rtt_window_seconds: int = 300) -> Params:
     """The production rules with windows short enough for a lab fire drill (minutes);
     `rtt_window_seconds`: the exporters' probes.rtt.quantile_window_seconds."""
@@ -142,7 +146,7 @@ def lab_alert_params(rotation_seconds: float, rtt_window_seconds: int = 300) -> 
         # A rotation: each path's throughput alert resolves at its next test, before the culprit's.
         "culprit_keep_firing_for": f"{int(rotation_seconds + 30)}s",
         "mtu_memory": "15m",
-        "evaluation_interval": "5s",
+        "evaluation_interval": LAB_EVALUATION_INTERVAL,
     })  # fmt: skip
 
 

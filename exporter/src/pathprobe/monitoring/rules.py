@@ -76,7 +76,7 @@ class Alert:
         return rule
 
 
-def _seconds(duration: str) -> int:
+def duration_seconds(duration: str) -> int:
     """A Prometheus duration (e.g. 1d, 2h, 30m) in seconds, for comparisons with time()."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
     return int(float(duration[:-1]) * units[duration[-1]])
@@ -457,7 +457,7 @@ def _path_alerts(p: Params) -> list[Alert]:
         Alert("PathprobePathMtuBlackHole",
                f"pathprobe_path_mtu_carried{{{sel}}} == 0\n"
                f"and on ({PATH}, size_bytes) (time() - pathprobe_path_mtu_last_carried_timestamp_seconds{{{sel}}}) "
-               f"< {_seconds(p.mtu_memory)}",
+               f"< {duration_seconds(p.mtu_memory)}",
                "warning", "A path stopped carrying packets of a size it carried before.",
                f"{path_text} no longer carries {{{{ $labels.size_bytes }}}}-byte packets (Don't Fragment set), "
                f"which it carried within {p.mtu_memory}: a path MTU black hole; large transfers stall while "
