@@ -11,6 +11,7 @@ import pytest
 
 from helpers import PATHPROBE, in_host, payload_rate, topology
 from pathprobe_lab import net
+from pathprobe_lab.configs import LAB_CLOCK_ERROR_BOUND
 from pathprobe_lab.state import in_ns, ns
 from pathprobe_lab.topology import address
 
@@ -28,8 +29,10 @@ paths:
 # The hosts name no instance type, so the lab shapes only the paths; the review is given
 # c6gn.medium's figures at the lab's scale (AWS Gbps as Gbit/s / 10), between regions.
 SCALED = ["--limit", "per_flow=500M", "--limit", "instance=1.6G", "--limit", "region_cap=500M"]
+# The lab's hosts share one kernel clock: each end states the lab's bound, so one-way delays are exact.
+CLOCK = ["--clock-error-bound", str(LAB_CLOCK_ERROR_BOUND)]
 COMMON = [*SCALED, "--instance-type", "c6gn.medium", "--peer-instance-type", "c6gn.medium",
-          "--duration", "3", "--omit", "1"]  # fmt: skip
+          "--duration", "3", "--omit", "1", *CLOCK]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +41,7 @@ def lab() -> Iterator[None]:
     servers = []
     for host in ("far", "wide"):
         s = subprocess.Popen(
-            in_ns(ns(host), [*PATHPROBE, "serve", "--allow", "198.18.0.0/15"]),
+            in_ns(ns(host), [*PATHPROBE, "serve", "--allow", "198.18.0.0/15", *CLOCK]),
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
         )
@@ -85,6 +88,12 @@ def test_shaped_path_knee_and_transfer_time(lab: None) -> None:
     at_knee = review["transfer_at_knee"]
     assert at_knee["seconds"] == pytest.approx(1e9 * 8 / link_payload_bits, rel=0.05)
     assert at_knee["cost"] == pytest.approx(0.09)
+    # The delay line's 1 ms each way, within 0.2 ms (the responder's stretch from its clock read to
+    # its send is in the way back), as both ends' bounds allow.
+    one_way = review["one_way"]
+    assert one_way["untrusted"] is None and one_way["error_bound_seconds"] == pytest.approx(2 * LAB_CLOCK_ERROR_BOUND)
+    for direction in ("forward_seconds", "reverse_seconds"):
+        assert one_way[direction]["p50"] == pytest.approx(0.001, abs=0.0002), one_way
 
 
 def test_a_sweep_over_the_byte_limit_is_refused_before_sending(lab: None) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -259,7 +260,10 @@ def per_path_alerts(fault: dict[Path_, tuple[str, float]]) -> list[dict[str, str
     return out
 
 
-WEBHOOK = 19294
+# The quick tier runs two pytest workers, and either may set up this module's fixtures: each
+# worker's Alertmanager and webhook listen on ports of its own.
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+AM_API, WEBHOOK = 19293 + 10 * _WORKER, 19294 + 10 * _WORKER
 
 
 @pytest.fixture(scope="module")
@@ -279,7 +283,7 @@ def alertmanager(tmp_path_factory: pytest.TempPathFactory, notifications: Path) 
     work = tmp_path_factory.mktemp("am")
     config = demo.alertmanager_config(f"http://127.0.0.1:{WEBHOOK}/alerts", AM)
     (work / "alertmanager.yml").write_text(yaml.safe_dump(config))
-    port = 19293
+    port = AM_API
     proc = subprocess.Popen([demo.binary("prometheus-alertmanager", "alertmanager"),
                              f"--config.file={work / 'alertmanager.yml'}", f"--storage.path={work / 'data'}",
                              f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],

@@ -21,6 +21,7 @@ from test_lab import root_leftovers
 from helpers import PATHPROBE, wait_for
 from pathprobe import procs, promql
 from pathprobe_lab import topology
+from pathprobe_lab.configs import LAB_CLOCK_ERROR_BOUND
 from pathprobe_lab.state import PREFIX, STATE_DIR, State
 
 pytestmark = pytest.mark.lab
@@ -195,7 +196,8 @@ def check_capacity_review() -> None:
                           "tokyo-a", "--streams", "1,4", "--limit", "per_flow=500M", "--json"],
                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert cap.returncode == 0, cap.stderr
-    rows = {r["streams"]: r["bits_per_second"] for r in json.loads(cap.stdout)["rows"]}
+    review = json.loads(cap.stdout)
+    rows = {r["streams"]: r["bits_per_second"] for r in review["rows"]}
     # What Prometheus holds, as the review says...
     stored = query('quantile_over_time(0.5, pathprobe_throughput_bytes_per_second{host="tokyo-a", peer="osaka-a", '
                    'streams="1", direction="send"}[30d])')  # fmt: skip
@@ -203,6 +205,13 @@ def check_capacity_review() -> None:
     # ...and a healthy path: one flow and four at their caps.
     assert rows[1] == pytest.approx(500e6, rel=0.05), rows
     assert rows[4] == pytest.approx(500e6, rel=0.05), rows
+    # The one-way delays each way as stored (the lab states its clocks' bound), with the bounds added.
+    for direction in ("forward", "reverse"):
+        stored = query(f'quantile_over_time(0.5, pathprobe_owd_seconds{{host="tokyo-a", peer="osaka-a", '
+                       f'state="idle", quantile="0.5", direction="{direction}"}}[30d])')  # fmt: skip
+        got = review["one_way"][f"{direction}_seconds"]["p50"]
+        assert got == pytest.approx(float(stored[0]["value"][1]), rel=0.01), review["one_way"]
+    assert review["one_way"]["error_bound_seconds"] == pytest.approx(2 * LAB_CLOCK_ERROR_BOUND)
 
 
 # --- the demo ends cleanly however it ends ---------------------------------------------

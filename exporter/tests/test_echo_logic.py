@@ -14,7 +14,7 @@ from pathprobe.allow import AllowList
 from pathprobe.config import LossSettings
 from pathprobe.probes import EchoProber, Target
 from pathprobe.probes.echo import LeastDelayed
-from pathprobe.probes.report import ReportSink, RttReport
+from pathprobe.probes.report import ReportSink, RttReport, describe_one_way
 from pathprobe.responders.echo import EchoResponder
 from pathprobe.wire import ECHO_CLOCKS, ECHO_CLOCKS_OFFSET
 from pathprobe.wire import ECHO_HEADER as HEADER
@@ -319,3 +319,33 @@ def test_a_rewritten_mark_is_seen_in_its_direction() -> None:
     assert ancillary == [(socket.IPPROTO_IP, socket.IP_TOS, bytes([0]))]  # the answer leaves with the mark it got
     c.datagram_received(answer, ("198.18.1.2", 9470), tos=0)
     assert seen == [(46, 0, 0)]
+
+
+def one_off(own: float | None, peer: float | None, delays: list[tuple[float, float]], apart: float = 0.0) -> RttReport:
+    """A one-off run's report (`pathprobe probe loss`, the capacity review) fed echoes' delays."""
+    report = RttReport("udp", 0.01, 64, own_bound=own)
+    sink = ReportSink(report)
+    for forward, reverse in delays:
+        sink.one_way(forward, reverse, peer, apart)
+    return report
+
+
+def test_a_one_off_run_reports_one_way_delays_only_as_its_clocks_allow() -> None:
+    trusted = one_off(1e-6, 1e-6, [(0.030, 0.044), (0.031, 0.045), (0.030, 0.044)]).one_way()
+    assert trusted is not None and trusted["untrusted"] is None
+    assert trusted["forward_seconds"]["p50"] == 0.030 and trusted["reverse_seconds"]["p50"] == 0.044
+    assert trusted["error_bound_seconds"] == 2e-6
+    assert describe_one_way(trusted).startswith("one-way p50 forward 30 ms, reverse 44 ms")
+    # Each reason withholds the figures, and says which.
+    cases = {
+        "no_bound": one_off(None, 1e-6, [(0.030, 0.044)]),  # this host states none
+        "clocks_disagree": one_off(1e-6, 1e-6, [(0.030, 0.044)], apart=5e-6),  # further apart than the bounds
+        "bound_too_wide": one_off(0.002, 0.002, [(0.030, 0.044)]),  # 4 ms of error on 30 ms: above 10%
+    }
+    for reason, report in cases.items():
+        got = report.one_way()
+        assert got is not None and got["untrusted"] == reason and got["forward_seconds"] is None, (reason, got)
+        assert describe_one_way(got).startswith(f"one-way delays withheld ({reason})")
+    negative = one_off(1e-6, 1e-6, [(0.030, 0.044), (-0.001, 0.075)]).one_way()
+    assert negative is not None and negative["untrusted"] == "clocks_disagree"
+    assert RttReport("tcp", 0.01, 1).one_way() is None

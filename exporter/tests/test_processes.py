@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pathprobe import procs
+from pathprobe import procs, wire
 
 SERVE = [sys.executable, "-m", "pathprobe", "serve", "--listen", "127.0.0.1"]
 
@@ -64,6 +65,26 @@ def test_the_iperf3_server_dies_with_a_killed_serve(ports: tuple[int, int]) -> N
     finally:
         again.terminate()
         again.wait(timeout=10)
+
+
+def test_serve_states_its_clock_error_bound_in_every_echo_answer(ports: tuple[int, int]) -> None:
+    """Peers trust one-way delays to a responder only with its clock error bound: `serve` states
+    the one it is given (or reads chronyd's or ClockBound's) in each answer."""
+    rr, iperf3 = ports
+    proc = subprocess.Popen([*SERVE, "--rr-port", str(rr), "--echo-port", str(rr), "--iperf3-port", str(iperf3),
+                             "--clock-error-bound", "0.000002"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert "clock error bound 2 us (stated)" in proc.stdout.readline()  # ready
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.settimeout(5)
+            sock.sendto(wire.echo_packet(1, 64, time.time_ns()), ("127.0.0.1", rr))
+            answer = sock.recv(2048)
+        (bound_ns,) = wire.ECHO_BOUND.unpack_from(answer, wire.ECHO_BOUND_OFFSET)
+        assert answer[:4] == wire.ECHO_MAGIC and bound_ns == 2000
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 def test_a_second_serve_on_the_same_ports_fails_clearly(ports: tuple[int, int]) -> None:
@@ -255,7 +276,7 @@ def test_a_missing_iperf3_binary_leaves_the_other_responders_answering(ports: tu
 
 CHILD_OF_AN_IGNORING_PARENT = """
 import os, subprocess, threading
-from pathprobe import procs
+from pathprobe import procs, wire
 def spawn():  # from a thread, as the exporter's probes do
     subprocess.run(["grep", "SigIgn", "/proc/self/status"], preexec_fn=procs.die_with(os.getpid()), check=True)
 print(open("/proc/self/status").read().split("SigIgn:")[1].split()[0])

@@ -12,6 +12,7 @@ from typing import Any
 
 from . import ena
 from .limits import Expected
+from .probes.report import describe_one_way
 from .units import format_bits
 
 KNEE_SHARE = 0.95  # the knee: the fewest streams within 5% of the best rate
@@ -49,6 +50,8 @@ class Review:
     price_per_gb: float | None
     source: str = "sweep"  # or "prometheus"
     notes: list[str] = field(default_factory=list)
+    # The echoes' one-way delays each way with their error bound, or why withheld (RttReport.one_way).
+    one_way: dict[str, Any] | None = None
 
     def measured(self) -> list[Row]:
         return [r for r in self.rows if r.bits_per_second]
@@ -86,6 +89,7 @@ class Review:
             "direction": self.direction,
             "source": self.source,
             "rtt_seconds": self.rtt_seconds,
+            "one_way": self.one_way,
             "receiver_tcp_rmem_max_bytes": self.receiver_rmem_max,
             "sender_tcp_wmem_max_bytes": self.sender_wmem_max,
             "window_share": self.window_share,
@@ -211,6 +215,8 @@ def text_report(r: Review) -> str:
             f"{_mib(r.sender_wmem_max) if r.sender_wmem_max else 'unknown'}; "
             f"{r.window_share:.2g} of a buffer in flight"
         )
+    if r.one_way is not None:
+        lines.append(describe_one_way(r.one_way))
     head = f"{'streams':>7} {'Gbit/s':>8} {'per stream':>10} {'retrans':>8} {'UDP loss':>8} {'expected':>9}  limit"
     lines += ["", head]
     for row in r.rows:

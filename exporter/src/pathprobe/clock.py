@@ -84,6 +84,21 @@ def chrony_tracking(csv_line: str) -> float | None:
     return abs(offset) + root_dispersion + root_delay / 2
 
 
+def one_way_untrusted(error: float | None, clocks_apart: float, negative: bool, medians: list[float],
+                      max_error_share: float) -> str:  # fmt: skip
+    """Why one-way delays are not worth reading, or "" when they are (metrics/owd.py says each
+    reason): `error` both ends' bounds added (None: an end states none); `clocks_apart` how far the
+    echoes put the clocks apart at least; `negative` a delay came out below zero; `medians` each
+    direction's median delay."""
+    if error is None:
+        return "no_bound"
+    if clocks_apart > error or negative:
+        return "clocks_disagree"
+    if medians and error > max_error_share * min(medians):
+        return "bound_too_wide"
+    return ""
+
+
 class ClockErrorBound:
     """This host's current bound (`seconds`, None when unknown) and where it came from, kept
     fresh by `run()` every clock.refresh_seconds; the echo responder sends it with every

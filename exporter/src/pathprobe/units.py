@@ -76,6 +76,8 @@ def format_bits(bits_per_second: float) -> str:
 
 
 def format_seconds(seconds: float) -> str:
+    if 0 < seconds < 1e-6:  # a clock error bound of a shared clock, a stated figure
+        return f"{seconds * 1e9:.0f} ns"
     if seconds < 1e-3:
         return f"{seconds * 1e6:.0f} us"
     if seconds < 1:

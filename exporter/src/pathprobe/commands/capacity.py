@@ -13,15 +13,27 @@ from typing import Any
 
 from .. import ena, instance_types, prediction
 from ..capacity import Review, Row, text_report
-from ..config import Iperf3Settings, Limits, PathClass, Peer, Responders, RttSettings, SteadyStateSettings, default
+from ..config import (
+    ClockSettings,
+    Iperf3Settings,
+    Limits,
+    LossSettings,
+    PathClass,
+    Peer,
+    Responders,
+    RttSettings,
+    SteadyStateSettings,
+    default,
+)
 from ..files import write_atomic
 from ..limits import ADV_WIN_SCALE_DEFAULT, SEND_SHARE, expected, host_buffer_max, kernel_window_share, window_share
-from ..probes import ProbeFailure, RttProber, Target, ThroughputProber, ThroughputTest
+from ..probes import EchoProber, ProbeFailure, RttProber, Target, ThroughputProber, ThroughputTest
 from ..probes.report import ReportSink, RttReport, Summary
 from ..probes.steady import Detector
 from ..promql import query
 from ..report import html_report
 from ..units import parse_duration, parse_quantity
+from .common import add_clock_option, own_clock_bound
 
 EXIT_REFUSED = 2
 BUSY_RETRIES = 5
@@ -57,6 +69,9 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--port", type=int, default=default(Iperf3Settings, "port"), help="the target's iperf3 port")
     c.add_argument("--rr-port", type=int, default=default(Responders, "rr_port"),
                    help="the target's TCP request/response port")  # fmt: skip
+    c.add_argument("--echo-port", type=int, default=default(Responders, "echo_port"),
+                   help="the target's UDP echo port (one-way delays)")  # fmt: skip
+    add_clock_option(c, "to judge the one-way delays with the target's")
     c.add_argument("--json", action="store_true")
     c.add_argument("--report", help="write a self-contained HTML report here")
     c.add_argument("--plan", help="a saved `--predict --json`: show the measurement beside it")
@@ -117,6 +132,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         review = Review(args.target, args.protocol, "receive" if args.reverse else "send", [], None, rmem, wmem,
                         args.window_share or window_share(), volume, args.price_per_gb)  # fmt: skip
         review.rtt_seconds = measure_rtt(args.target, args.rr_port, review)
+        review.one_way = measure_one_way(args.target, args.echo_port, args.clock_error_bound, review)
         remote = ("--sender-wmem", args.sender_wmem) if args.reverse else ("--receiver-rmem", args.receiver_rmem)
         if args.protocol == "tcp" and not remote[1]:
             review.notes.append(f"the target's buffer is taken to be this host's; pass {remote[0]} if it differs")
@@ -250,6 +266,19 @@ def measure_rtt(target: str, port: int, review: Review) -> float | None:
     return s.p50
 
 
+def measure_one_way(target: str, port: int, clock: ClockSettings, review: Review) -> dict[str, Any] | None:
+    """One-way delays each way from 50 UDP echoes (half a second), judged by both clocks' error
+    bounds (None, with a note, if nothing answered)."""
+    report = RttReport("udp", 0.01, default(LossSettings, "size_bytes"), own_bound=own_clock_bound(clock),
+                       max_error_share=clock.max_error_share)  # fmt: skip
+    settings = LossSettings(rate_pps=100, timeout_seconds=2.0)
+    asyncio.run(EchoProber(Target(target, port), settings, ReportSink(report)).run(count=50))
+    if report.received == 0:
+        review.notes.append(f"no UDP echo answer from {target}:{port}: the one-way delays are not known")
+        return None
+    return report.one_way()
+
+
 async def sweep(args: argparse.Namespace, streams: list[int], bitrate: float, rtt: float | None) -> list[Row]:
     rows = []
     interface = ena.interface("")  # the ENA allowance counters of the default route's interface
@@ -302,6 +331,29 @@ def from_prometheus(args: argparse.Namespace, streams: list[int], peer: Peer, bu
         review.notes.append(f"Prometheus at {args.from_prometheus} did not answer: {exc}")
         return review
     review.rtt_seconds = float(rtt[0]["value"][1]) if rtt and rtt[0]["value"][1] != "NaN" else None
+    review.one_way = stored_one_way(args, review)
     review.rows = [Row(n, rates.get(n), error=None if n in rates else "no stored results") for n in
                    sorted(set(streams) | set(rates))]  # fmt: skip
     return review
+
+
+def stored_one_way(args: argparse.Namespace, review: Review) -> dict[str, Any] | None:
+    """The medians over 30 days of the exporter's idle one-way p50 and p99 each way, and the widest
+    error bound it stated (None, with a note, when it exported none: it withholds untrusted ones)."""
+    peer = f'peer="{args.peer}"' + (f',host="{args.source_host}"' if args.source_host else "")
+    figures: dict[str, dict[str, float]] = {"forward": {}, "reverse": {}}
+    try:
+        for quantile, name in (("0.5", "p50"), ("0.99", "p99")):
+            for s in query(args.from_prometheus, "max by (direction) (quantile_over_time(0.5, pathprobe_owd_seconds"
+                           f'{{{peer},state="idle",quantile="{quantile}"}}[30d]))'):  # fmt: skip
+                figures.setdefault(s["metric"].get("direction", ""), {})[name] = float(s["value"][1])
+        bound = query(args.from_prometheus, f"max(max_over_time(pathprobe_owd_error_bound_seconds{{{peer}}}[30d]))")
+    except OSError as exc:
+        review.notes.append(f"Prometheus at {args.from_prometheus} did not answer for one-way delays: {exc}")
+        return None
+    if not all(len(figures[d]) == 2 for d in ("forward", "reverse")) or not bound:
+        review.notes.append("no one-way delays stored for the peer (its exporter withholds untrusted ones: "
+                            "pathprobe_owd_untrusted_info says why)")  # fmt: skip
+        return None
+    return {"error_bound_seconds": float(bound[0]["value"][1]), "untrusted": None,
+            "forward_seconds": figures["forward"], "reverse_seconds": figures["reverse"]}  # fmt: skip

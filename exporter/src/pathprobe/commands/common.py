@@ -9,6 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
+from ..clock import ClockErrorBound
+from ..config import ClockSettings
 from ..files import write_atomic
 from ..units import parse_quantity
 
@@ -30,6 +32,29 @@ def quantity(text: str | None, what: str) -> float | None:
         return parse_quantity(text, what)
     except ValueError as exc:
         raise SystemExit(f"pathprobe: {exc}") from exc
+
+
+def add_clock_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """--clock-error-bound auto|SECONDS (args.clock_error_bound: ClockSettings)."""
+    parser.add_argument("--clock-error-bound", type=_clock_settings, default=ClockSettings(), metavar="auto|SECONDS",
+                        help=f"this host's clock error bound, {what}: auto (ClockBound where it runs, else "
+                        "chronyd; the default) or a figure in seconds")  # fmt: skip
+
+
+def _clock_settings(value: str) -> ClockSettings:
+    if value == "auto":
+        return ClockSettings()
+    try:
+        return ClockSettings(source="stated", error_bound_seconds=float(value))
+    except ValueError:  # pydantic's ValidationError is one: argparse names the option and the value
+        raise argparse.ArgumentTypeError("auto, or seconds above 0 and at most 10") from None
+
+
+def own_clock_bound(settings: ClockSettings) -> float | None:
+    """This host's clock error bound now, as `settings` say to read it (None: unknown)."""
+    bound = ClockErrorBound(settings)
+    asyncio.run(bound.refresh())
+    return bound.seconds
 
 
 async def stop_on_signals(stop: asyncio.Event) -> None:

@@ -24,11 +24,11 @@ from ..config import (
     default,
 )
 from ..probes import EchoProber, MtuProber, ProbeFailure, RttProber, Target, ThroughputProber, ThroughputTest
-from ..probes.report import ReportSink, RttReport, Summary
+from ..probes.report import ReportSink, RttReport, Summary, describe_one_way
 from ..probes.steady import Detector
 from ..probes.throughput import ThroughputResult
 from ..units import format_bits, format_seconds
-from .common import EXIT_BAD_INPUT, EXIT_PROBE_FAILED, quantity
+from .common import EXIT_BAD_INPUT, EXIT_PROBE_FAILED, add_clock_option, own_clock_bound, quantity
 
 
 def add_parser(sub: Any) -> None:
@@ -104,6 +104,7 @@ def _add_loss(probe: Any) -> None:
                     help="seconds before a packet counts as lost")  # fmt: skip
     lo.add_argument("--flows", type=int, default=default(LossSettings, "flows"), help="source ports, used in turn")
     lo.add_argument("--json", action="store_true")
+    add_clock_option(lo, "to judge the one-way delays with the responder's")
     lo.set_defaults(func=cmd_loss)
 
 
@@ -195,7 +196,9 @@ def cmd_rtt(args: argparse.Namespace) -> int:
 def cmd_loss(args: argparse.Namespace) -> int:
     settings = _settings(LossSettings, rate_pps=args.rate, size_bytes=args.size,
                          timeout_seconds=args.timeout, flows=args.flows)  # fmt: skip
-    report = RttReport("udp", 1 / args.rate, args.size)
+    clock = args.clock_error_bound
+    report = RttReport("udp", 1 / args.rate, args.size, own_bound=own_clock_bound(clock),
+                       max_error_share=clock.max_error_share)  # fmt: skip
     asyncio.run(EchoProber(_target(args), settings, ReportSink(report)).run(count=args.count))
     return _finish(args, "loss", report)
 
@@ -238,6 +241,7 @@ def describe_rtt(target: str, r: RttReport) -> str:
             f"RTT variation {format_seconds(r.jitter_seconds)}, duplicates {r.duplicates}, "
             f"reordered {r.reordered}, late {r.late}"
         )
+        lines.append("  " + describe_one_way(r.one_way()))
     if r.flows_failing:
         lines.append(f"  {r.flows_failing} flow(s) (source ports) failing: part of the path is broken (ECMP)")
     if r.failures:

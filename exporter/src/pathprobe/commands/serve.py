@@ -11,8 +11,9 @@ from typing import Any
 
 from .. import responders
 from ..allow import AllowList
+from ..clock import ClockErrorBound
 from ..config import Iperf3Settings, Responders, default
-from .common import EXIT_PROBE_FAILED, network, stop_on_signals
+from .common import EXIT_PROBE_FAILED, add_clock_option, network, stop_on_signals
 
 
 def add_parser(sub: Any) -> None:
@@ -26,6 +27,7 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--iperf3", default=default(Iperf3Settings, "binary"), help="iperf3 binary")
     s.add_argument("--rr-max-connections-per-source", type=int,
                    default=default(Responders, "rr_max_connections_per_source"))  # fmt: skip
+    add_clock_option(s, "stated in every echo answer so that peers can trust one-way delays")
     s.set_defaults(func=cmd_serve)
 
 
@@ -63,13 +65,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         stop = asyncio.Event()
         await stop_on_signals(stop)
         counts = Counts()
-        running = await responders.start(settings, iperf3, allow, counts)
+        bound = ClockErrorBound(args.clock_error_bound)
+        await bound.refresh()
+        running = await responders.start(settings, iperf3, allow, counts, clock_bound=lambda: bound.seconds)
+        refreshing = asyncio.create_task(bound.run(), name="clock-bound")
+        stated = (f"{bound.seconds * 1e6:g} us ({bound.source})" if bound.seconds is not None
+                  else "none known (peers withhold one-way delays to this host)")  # fmt: skip
         print(
             f"pathprobe serve: iperf3 :{args.iperf3_port}, tcp rr :{args.rr_port}, udp echo :{args.echo_port}; "
-            f"answering {allow}",
+            f"answering {allow}; clock error bound {stated}",
             flush=True,
         )
         await stop.wait()
+        refreshing.cancel()
         await running.close()
         outcomes = ", ".join(f"{r} {res}={n}" for (r, res), n in sorted(counts.requests.items()))
         print("requests by outcome: " + (outcomes or "none"))

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from ..clock import ClockErrorBound
+from ..clock import ClockErrorBound, one_way_untrusted
 from ..config import Config
 from .common import PEER, Room
 from .rtt import RELATIVE_ACCURACY, LoadState, WindowedQuantiles
@@ -75,15 +75,12 @@ class OwdRoom(Room):
             window.observe(seconds, now)
 
     def _untrusted(self, peer: str, error: float | None, medians: list[float], now: float) -> str:
-        """Why the peer's delays are not worth reading now, or "" when they are."""
-        if error is None:
-            return "no_bound"
-        window = self.scope.cfg.probes.rtt.quantile_window_seconds
-        if self.clocks_apart.get(peer, 0.0) > error or now - self.negative.get(peer, -window) < window:
-            return "clocks_disagree"
-        if medians and error > self.scope.cfg.clock.max_error_share * min(medians):
-            return "bound_too_wide"
-        return ""
+        """Why the peer's delays are not worth reading now (a delay below zero within the window
+        counts), or "" when they are."""
+        cfg = self.scope.cfg
+        window = cfg.probes.rtt.quantile_window_seconds
+        negative = now - self.negative.get(peer, -window) < window
+        return one_way_untrusted(error, self.clocks_apart.get(peer, 0.0), negative, medians, cfg.clock.max_error_share)
 
     def collect(self) -> Iterator[Metric]:
         scope, now = self.scope, self.clock()

@@ -5,7 +5,18 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..clock import one_way_untrusted
+from ..config import ClockSettings, default
+from ..units import format_seconds
 from .base import Reason
+
+# Why a run's one-way delays are withheld (clock.one_way_untrusted), for a reader.
+ONE_WAY_UNTRUSTED = {
+    "no_bound": "an end states no clock error bound (chronyd or ClockBound on both hosts, or --clock-error-bound "
+    "here and on the responder)",
+    "clocks_disagree": "the echoes put the clocks further apart than their bounds, or a delay came out negative",
+    "bound_too_wide": "the two bounds added exceed the share of a direction's delay that clock.max_error_share allows",
+}
 
 
 @dataclass
@@ -58,6 +69,31 @@ class RttReport:
     lost_reverse: int = 0
     rtts: list[float] = field(default_factory=list)
     failures: dict[str, int] = field(default_factory=dict)
+    # UDP: the echoes' one-way delays, and what judging them takes (clock.one_way_untrusted).
+    forward: list[float] = field(default_factory=list)
+    reverse: list[float] = field(default_factory=list)
+    own_bound: float | None = None  # this host's clock error bound, as the caller read it
+    max_error_share: float = default(ClockSettings, "max_error_share")
+    peer_bound: float | None = None  # the responder's, as its answers state it
+    clocks_apart: float = 0.0
+    negative: bool = False
+
+    def one_way(self) -> dict[str, Any] | None:
+        """The one-way delays (p50 etc. each way) with their error bound, or why they are withheld
+        (`untrusted`); None for a TCP run."""
+        if self.protocol != "udp":
+            return None
+        error = None if self.own_bound is None or self.peer_bound is None else self.own_bound + self.peer_bound
+        forward, reverse = Summary.of(self.forward), Summary.of(self.reverse)
+        medians = [s.p50 for s in (forward, reverse) if s]
+        reason = one_way_untrusted(error, self.clocks_apart, self.negative, medians, self.max_error_share)
+        trusted = not reason and forward is not None and reverse is not None
+        return {
+            "error_bound_seconds": error,
+            "untrusted": reason or None,
+            "forward_seconds": asdict(forward) if trusted and forward else None,
+            "reverse_seconds": asdict(reverse) if trusted and reverse else None,
+        }
 
     def to_json(self) -> dict[str, Any]:
         summary = Summary.of(self.rtts)
@@ -79,6 +115,7 @@ class RttReport:
             "lost_reverse": self.lost_reverse,
             "rtt_seconds": asdict(summary) if summary else None,
             "failures": self.failures,
+            "one_way": self.one_way(),
         }
 
 
@@ -121,7 +158,12 @@ class ReportSink:
         pass
 
     def one_way(self, forward: float, reverse: float, peer_bound: float | None, clocks_apart: float) -> None:
-        pass  # a one-off probe states no clock bound of its own: the exporter reports one-way delays
+        self.r.peer_bound, self.r.clocks_apart = peer_bound, clocks_apart
+        if forward < 0 or reverse < 0:
+            self.r.negative = True
+            return
+        self.r.forward.append(forward)
+        self.r.reverse.append(reverse)
 
     def marks(self, sent: int, forward: int, reverse: int | None) -> None:
         pass  # the exporter reports marks (pathprobe_dscp_received_info)
@@ -134,3 +176,16 @@ class ReportSink:
         if self.r.protocol == "tcp":
             self.r.sent += 1
             self.r.lost += 1
+
+
+def describe_one_way(one_way: dict[str, Any] | None) -> str:
+    """A run's one-way delays (RttReport.one_way) in a line."""
+    if not one_way:
+        return "one-way delays: none (a TCP run)"
+    if one_way["untrusted"]:
+        return f"one-way delays withheld ({one_way['untrusted']}): {ONE_WAY_UNTRUSTED[one_way['untrusted']]}"
+    f, fwd, rev = format_seconds, one_way["forward_seconds"], one_way["reverse_seconds"]
+    return (
+        f"one-way p50 forward {f(fwd['p50'])}, reverse {f(rev['p50'])} (p99 {f(fwd['p99'])}, {f(rev['p99'])}); "
+        f"each within {f(one_way['error_bound_seconds'])}, both clocks' error bounds"
+    )
