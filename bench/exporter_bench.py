@@ -2,7 +2,7 @@
 exporter's CPU and memory idle and while probing 50 peers with the continuous probes' defaults.
 
 Run: .venv/bin/python bench/exporter_bench.py   (loopback only; about 2.5 minutes)
-     .venv/bin/python bench/exporter_bench.py --cost   (the CPU and memory rows only; about 3 minutes)
+     .venv/bin/python bench/exporter_bench.py --cost   (the CPU and memory rows only; about 1.5 minutes)
      .venv/bin/python bench/exporter_bench.py --profile   (those, the full load under cProfile, its top functions)
      .venv/bin/python bench/exporter_bench.py --idle   (the idle-connection rows only; about 2 minutes)
      .venv/bin/python bench/exporter_bench.py --reload   (the large-reload rows only; about 1 minute)
@@ -26,7 +26,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -111,35 +110,9 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-# The cost rows' scraper, as the compose stack's Prometheus (Prometheus's own default is 1m): the
-# exporter renders /metrics for the scrapes it sees, so the rows count those renders and scrapes.
-SCRAPE_INTERVAL = 15.0
-
-
-@contextlib.contextmanager
-def scraped(url: str, every: float = SCRAPE_INTERVAL) -> Iterator[None]:
-    """`url` scraped every `every` seconds (gzip, as Prometheus asks) in a thread of this process."""
-    stop = threading.Event()
-
-    def scrape() -> None:
-        request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
-        while not stop.wait(every):
-            with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=5) as r:
-                r.read()
-
-    thread = threading.Thread(target=scrape, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
-def exporter_cost(peers: int, probes: dict, seconds: float = 45, profile: Path | None = None) -> tuple[float, float]:
-    """(share of one core, RSS MB) of a real `pathprobe run` scraped every SCRAPE_INTERVAL, measured
-    over `seconds`; with `profile`, run under cProfile, which writes its statistics there as the
-    exporter stops."""
+def exporter_cost(peers: int, probes: dict, seconds: float = 30, profile: Path | None = None) -> tuple[float, float]:
+    """(share of one core, RSS MB) of a real `pathprobe run`, measured over `seconds`; with
+    `profile`, run under cProfile, which writes its statistics there as the exporter stops."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg_file = Path(tmp) / "bench.yaml"
         cfg_file.write_text(yaml.safe_dump(mesh(peers, **probes)))
@@ -149,12 +122,10 @@ def exporter_cost(peers: int, probes: dict, seconds: float = 45, profile: Path |
         )
         try:
             wait_ready("http://127.0.0.1:19469/metrics")
-            with scraped("http://127.0.0.1:19469/metrics"):
-                # Settle: connections made, first results in, and a second scrape (the exporter knows the interval).
-                time.sleep(SCRAPE_INTERVAL + 1)
-                c0, t0 = cpu_seconds(proc.pid), time.monotonic()
-                time.sleep(seconds)
-                share = (cpu_seconds(proc.pid) - c0) / (time.monotonic() - t0)
+            time.sleep(5)  # settle: connections made, first results in
+            c0, t0 = cpu_seconds(proc.pid), time.monotonic()
+            time.sleep(seconds)
+            share = (cpu_seconds(proc.pid) - c0) / (time.monotonic() - t0)
             rss = rss_mb(proc.pid)
             text = urllib.request.urlopen("http://127.0.0.1:19469/metrics", timeout=5).read().decode()
             ok = sum(
@@ -394,7 +365,7 @@ BUSY = {**OFF, "rtt": {}, "loss": {}}
 def cost_rows(profile: Path | None = None) -> list[tuple[str, str, str]]:
     """The exporter's CPU and memory at 50 peers: idle, the RTT probes alone, the full default
     continuous load; with `profile`, the last under cProfile (its statistics written there)."""
-    idle_cpu, idle_rss = exporter_cost(50, OFF, seconds=30)
+    idle_cpu, idle_rss = exporter_cost(50, OFF, seconds=15)
     rtt_cpu, rtt_rss = exporter_cost(50, {**BUSY, "loss": {"enabled": False}})
     all_cpu, all_rss = exporter_cost(50, BUSY, profile=profile)
     probes = Config.model_validate(mesh(1)).probes

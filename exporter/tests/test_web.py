@@ -41,9 +41,9 @@ def call(app: Any, path: str = "/metrics", auth: str | None = None) -> tuple[str
 _snapshots: list[Snapshot] = []
 
 
-def snapshot(registry: CollectorRegistry, refresh: float = 5.0, lead: float = 1.0) -> Snapshot:
+def snapshot(registry: CollectorRegistry, refresh: float = 5.0) -> Snapshot:
     """A Snapshot whose render thread stops when the test ends (a broken one would log on for 300 s)."""
-    _snapshots.append(Snapshot(registry, refresh=refresh, lead=lead))
+    _snapshots.append(Snapshot(registry, refresh=refresh))
     return _snapshots[-1]
 
 
@@ -82,24 +82,6 @@ def test_background_refresh_picks_up_new_values() -> None:
     while b"pathprobe_test_value 3.0" not in snap.get() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert b"pathprobe_test_value 3.0" in snap.get()
-
-
-def test_renders_follow_the_scrapes_each_just_before_it() -> None:
-    """A scraper every 0.4 s: about one render per scrape (not one per 0.02 s `refresh`), each
-    rendered shortly before the scrape that reads it (the lead, 0.1 s), not up to an interval before."""
-    r, _ = registry_with(1)
-    snap = snapshot(r, refresh=0.02, lead=0.1)
-    ages, renders = [], []
-    next_scrape = time.monotonic()
-    for _ in range(12):
-        time.sleep(max(0.0, next_scrape - time.monotonic()))  # the scraper's own pace
-        ages.append(trailer_value(snap.get(), "pathprobe_scrape_snapshot_age_seconds"))
-        renders.append(snap.renders)
-        next_scrape += 0.4
-    # Until the second scrape the interval is unknown (renders every `refresh`); from then on it is.
-    steady = renders[-1] - renders[2]
-    assert 8 <= steady <= 10, renders
-    assert sorted(ages[3:])[len(ages[3:]) // 2] < 0.25, ages
 
 
 class Breaks:

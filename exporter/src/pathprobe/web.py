@@ -96,37 +96,27 @@ class Stats:
 
 
 class Snapshot:
-    """/metrics as rendered in the background, so that a scrape never waits for a render (a
-    500-peer exposition takes a good part of a second) nor fails with one (the last good snapshot
-    stays). Renders follow the scrapes: one just before each scrape is due (the last one plus the
-    shortest of the recent intervals between them, less a lead of a few render times), never more
-    often than every `refresh` seconds, none once nobody has scraped for `idle_after`."""
-
-    def __init__(self, registry: CollectorRegistry, refresh: float = 5.0, idle_after: float = 300.0,
-                 stats: Stats | None = None, lead: float = 1.0):  # fmt: skip
+    def __init__(
+        self, registry: CollectorRegistry, refresh: float = 5.0, idle_after: float = 300.0, stats: Stats | None = None
+    ):
         self.registry = registry
         self.stats = stats
-        self.refresh, self.idle_after, self.lead = refresh, idle_after, lead
+        self.refresh, self.idle_after = refresh, idle_after
         self._lock = threading.Lock()
         self._body = b""
         self._gzipped = b""
         self._taken = time.monotonic()  # before the first render: its age counts from the start
-        self._attempted = 0.0  # the last render's start, failed or not
         self._render_seconds = 0.0
         self._last_scrape = 0.0
-        # The last few intervals between scrapes: their shortest is the scrape interval (a second
-        # Prometheus or a manual scrape makes it shorter, a pause of the scraper does not stretch it).
-        self._scrape_gaps: collections.deque[float] = collections.deque(maxlen=4)
-        self._wake = threading.Event()  # a scrape: plan the next render again
+        self._scraped = threading.Event()
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
-        self.renders = 0
         self.render_errors = 0
         self._failing = 0  # renders failed in a row
 
     def render(self) -> None:
         """A new snapshot; on an error, the last one stays (never raises)."""
-        start = self._attempted = time.monotonic()
+        start = time.monotonic()
         try:
             body = generate_latest(self.registry)
         except Exception:
@@ -139,7 +129,6 @@ class Snapshot:
             self._body, self._gzipped, self._taken = body, gzipped, time.monotonic()
             self._render_seconds = self._taken - start
             self._failing = 0
-            self.renders += 1
 
     def _failed(self) -> None:
         with self._lock:
@@ -151,50 +140,31 @@ class Snapshot:
         else:
             log.error("rendering /metrics failed again (%d in a row): serving the last snapshot", failing)
 
-    def _until_render(self) -> float | None:
-        """Seconds until the next render is due; None while nobody scrapes."""
-        now = time.monotonic()
-        with self._lock:
-            if now - self._last_scrape > self.idle_after:
-                return None
-            interval = min(self._scrape_gaps, default=self.refresh)
-            lead = max(self.lead, 3 * self._render_seconds)
-            # The next scrape expected after the last render attempt, and the render just before it.
-            due = self._last_scrape + interval - lead
-            if due <= self._attempted:
-                due += interval * (1 + (self._attempted - due) // interval)
-            # At most 1/20 of the time rendering, however large the exposition.
-            earliest = self._attempted + max(self.refresh, 20 * self._render_seconds)
-        return max(due, earliest) - now
-
     def _refresh_loop(self) -> None:
         while not self._closed.is_set():
-            wait = self._until_render()
-            if wait is None or wait > 0:
-                self._wake.wait(wait)
-                self._wake.clear()
-                continue
+            self._scraped.wait()
+            if self._closed.wait(max(self.refresh, 20 * self._render_seconds)):
+                return
             self.render()
+            if time.monotonic() - self._last_scrape > self.idle_after:
+                self._scraped.clear()  # nobody scrapes: stop rendering until someone does
 
     def close(self) -> None:
         """Stop the background renders (a process's last snapshot is never closed: it exits)."""
         self._closed.set()
-        self._wake.set()
+        self._scraped.set()
 
     def get(self, gzipped: bool = False) -> bytes:
         """The latest snapshot, plus its age; gzip members concatenate, so the trailer is a member of its own."""
-        now = time.monotonic()
+        self._last_scrape = time.monotonic()
         with self._lock:
-            if self._last_scrape:
-                self._scrape_gaps.append(now - self._last_scrape)
-            self._last_scrape = now
             first = not self._body and not self.render_errors  # the very first scrape renders itself
             if self._thread is None:
                 self._thread = threading.Thread(target=self._refresh_loop, name="render", daemon=True)
                 self._thread.start()
         if first:
             self.render()
-        self._wake.set()
+        self._scraped.set()
         with self._lock:
             trailer = _trailer(time.monotonic() - self._taken, self._render_seconds, self.render_errors)
         if self.stats is not None:
