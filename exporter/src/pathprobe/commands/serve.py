@@ -13,6 +13,7 @@ from .. import responders
 from ..allow import AllowList
 from ..clock import ClockErrorBound
 from ..config import Iperf3Settings, Responders, default
+from ..units import format_seconds
 from .common import EXIT_PROBE_FAILED, add_clock_option, network, stop_on_signals
 
 
@@ -69,7 +70,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         await bound.refresh()
         running = await responders.start(settings, iperf3, allow, counts, clock_bound=lambda: bound.seconds)
         refreshing = asyncio.create_task(bound.run(), name="clock-bound")
-        stated = (f"{bound.seconds * 1e6:g} us ({bound.source})" if bound.seconds is not None
+        stated = (f"{format_seconds(bound.seconds)} ({bound.source})" if bound.seconds is not None
                   else "none known (peers withhold one-way delays to this host)")  # fmt: skip
         print(
             f"pathprobe serve: iperf3 :{args.iperf3_port}, tcp rr :{args.rr_port}, udp echo :{args.echo_port}; "
