@@ -13,6 +13,7 @@ a 10,000-member hierarchical mesh: check-config < 1 s, a reload's time on the ev
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gzip
 import multiprocessing
@@ -32,11 +33,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
+from prometheus_client import generate_latest
 
 from pathprobe.config import Config
 from pathprobe.exporter import Exporter
 from pathprobe.metrics import TestKey, registry
 from pathprobe.probes import ThroughputResult
+from pathprobe.probes.base import PACE_SECONDS, sleep_until
 from pathprobe.web import serve
 
 PATHPROBE = [sys.executable, "-m", "pathprobe"]
@@ -382,6 +385,56 @@ def cost_rows(profile: Path | None = None) -> list[tuple[str, str, str]]:
     ]  # fmt: skip
 
 
+def render_ms(peers: int = 50, renders: int = 20) -> float:
+    """CPU ms of one render of /metrics with `peers` peers' windows full (300 s of RTT samples of
+    both protocols and one-way delays both ways, at 5 a second), as the snapshot thread renders."""
+    cfg = Config.model_validate(mesh(peers, **BUSY))
+    now = [time.time() - 300]
+    rooms, rnd = Exporter(cfg, clock=lambda: now[0]).rooms, random.Random(1)
+    for _ in range(1500):
+        now[0] += 0.2
+        for peer in cfg.peers:
+            for protocol in ("tcp", "udp"):
+                rooms.rtt.observe(peer.name, protocol, rnd.uniform(0.07, 0.08))
+            rooms.owd.observe(peer.name, rnd.uniform(0.03, 0.04), rnd.uniform(0.03, 0.04), 1e-6)
+    reg = registry(rooms)
+    began = time.process_time()
+    for _ in range(renders):
+        generate_latest(reg)
+    return (time.process_time() - began) / renders * 1e3
+
+
+def wakeup_cost(paced: bool, peers: int = 50, rate: float = 5.0, seconds: float = 10.0) -> float:
+    """Share of a core that the event loop's wake-ups alone cost: `peers` tasks that each sleep
+    until their next send, `rate` times a second, at phases spread over the interval (as after
+    reloads and back-offs; started together, sends fall due together by chance), with no send.
+    Unpaced: a wake-up per send; paced: on probes.base.sleep_until's grid."""
+
+    async def sender(phase: float, stop: float) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time() + phase
+        while loop.time() < stop:
+            if paced:
+                await sleep_until(due, 1 / rate)
+            else:
+                await asyncio.sleep(max(0.0, due - loop.time()))
+            due += 1 / rate
+
+    async def all_senders() -> float:
+        stop = asyncio.get_running_loop().time() + seconds
+        start = time.process_time()
+        await asyncio.gather(*(sender(i / peers / rate, stop) for i in range(peers)))
+        return (time.process_time() - start) / seconds
+
+    return asyncio.run(all_senders())
+
+
+def wakeup_rows() -> list[tuple[str, str, str]]:
+    return [(f"  wake-ups alone, 250/s: unpaced / {PACE_SECONDS * 1e3:g} ms grid (%)",
+             f"{wakeup_cost(False) * 100:.2f} / {wakeup_cost(True) * 100:.2f}", ""),
+            ("  a render, 50 peers' windows full (ms CPU)", f"{render_ms():.1f}", "")]  # fmt: skip
+
+
 def print_profile(stats_file: Path, top: int = 25) -> None:
     """The functions that cost the exporter most time of their own, and their callers' share."""
     print(f"\nprofile of the full load ({top} functions by own time):")
@@ -399,7 +452,7 @@ def main() -> None:
     if mode in (["--cost"], ["--profile"]):
         with tempfile.TemporaryDirectory() as tmp, responders():
             stats = Path(tmp) / "exporter.prof" if mode == ["--profile"] else None
-            print_rows(cost_rows(stats))
+            print_rows(cost_rows(stats) + wakeup_rows())
             if stats is not None:
                 print_profile(stats)
         return
@@ -414,6 +467,7 @@ def main() -> None:
         ("first scrape, renders in the request (ms)", f"{s['max'] * 1e3:.2f}", ""),
         ("exposition size, 500 peers", f"{s['bytes'] / 1e6:.1f} MB, {s['lines']:.0f} lines", ""),
         *cost,
+        *wakeup_rows(),
         *idle,
         *reloads,
     ]

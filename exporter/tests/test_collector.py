@@ -372,6 +372,26 @@ def test_exported_quantiles_are_within_half_a_percent_of_the_raw_ones(center: fl
         assert abs(got[q] - exact) <= max(0.005 * exact, 0.00005), (q, got[q], exact)
 
 
+def test_quantiles_read_between_samples_equal_a_window_merged_afresh() -> None:
+    # A read reuses the merge of the window's earlier steps: reads interleaved with samples, in one
+    # step, across steps, and after a sample lands in an earlier step (the wall clock stepped back)
+    # must give what merging every step of the window afresh gives.
+    import random
+
+    from pathprobe.metrics.rtt import WindowedQuantiles
+
+    rng = random.Random(7)
+    cached = WindowedQuantiles(100)  # steps of 10 s
+    times = [1000 + i * 0.7 for i in range(400)]
+    times[300] = times[250]  # a sample 35 s back, into a step already merged
+    for n, at in enumerate(times, 1):
+        cached.observe(0.074 * (1 + rng.expovariate(20)), at)
+        read_at = max(times[:n])
+        fresh = WindowedQuantiles(100)
+        fresh.steps = cached.steps  # the same samples, nothing merged before
+        assert cached.quantiles(read_at) == fresh.quantiles(read_at), n
+
+
 def test_an_unknown_instance_type_is_a_labelled_metric_never_a_silent_default(tmp_path: Path) -> None:
     cfg = config(tmp_path).model_dump(mode="json")
     cfg["host"]["instance_type"] = "m9z.huge"

@@ -47,6 +47,10 @@ class WindowedQuantiles:
         self._lock = threading.Lock()  # observe() on the event loop, quantiles() on the render thread
         self.step_seconds = window_seconds / WINDOW_STEPS
         self.steps: dict[int, DDSketch] = {}  # step number (time // step_seconds) -> sketch
+        # (step, the merge of the window's earlier steps) as of the last read in that step: a
+        # render merges that and the current step's sketch, not every step's (merges were most
+        # of a render's cost), until the step ends or a sample lands in an earlier step.
+        self._earlier: tuple[int, DDSketch] | None = None
         self.count = 0
         self.total = 0.0
 
@@ -55,6 +59,7 @@ class WindowedQuantiles:
         with self._lock:
             self.step_seconds = window_seconds / WINDOW_STEPS
             self.steps.clear()
+            self._earlier = None
 
     def observe(self, value: float, now: float) -> None:
         step = int(now // self.step_seconds)
@@ -64,6 +69,8 @@ class WindowedQuantiles:
                 sketch = self.steps[step] = DDSketch(relative_accuracy=RELATIVE_ACCURACY)
                 for old in [k for k in self.steps if k <= step - WINDOW_STEPS]:
                     del self.steps[old]
+            if self._earlier is not None and step < self._earlier[0]:
+                self._earlier = None  # a sample in a step already merged (the wall clock stepped back)
             sketch.add(value)
             self.count += 1
             self.total += value
@@ -73,9 +80,15 @@ class WindowedQuantiles:
         step = int(now // self.step_seconds)
         window = DDSketch(relative_accuracy=RELATIVE_ACCURACY)
         with self._lock:
-            for k, sketch in self.steps.items():
-                if step - WINDOW_STEPS < k <= step:
-                    window.merge(sketch)
+            if self._earlier is None or self._earlier[0] != step:
+                earlier = DDSketch(relative_accuracy=RELATIVE_ACCURACY)
+                for k, sketch in self.steps.items():
+                    if step - WINDOW_STEPS < k < step:
+                        earlier.merge(sketch)
+                self._earlier = (step, earlier)
+            window.merge(self._earlier[1])
+            if step in self.steps:
+                window.merge(self.steps[step])
         if window.count == 0:
             return {}
         return _quantiles(window, QUANTILES)

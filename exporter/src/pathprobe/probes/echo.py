@@ -23,7 +23,7 @@ from collections import OrderedDict, deque
 
 from .. import stamps, wire
 from ..config import LossSettings
-from .base import BACKOFF_SECONDS, EchoSink, FlowHealth, Target, reason_of_oserror
+from .base import BACKOFF_SECONDS, EchoSink, FlowHealth, Target, reason_of_oserror, sleep_until
 
 ACCOUNT_EVERY_SECONDS = 1.0
 # The clock offset reported is that of the least-delayed of this many recent exchanges (as
@@ -285,7 +285,7 @@ class EchoProber:
             interval = 1 / self.settings.rate_pps
             due = loop.time()
             while count is None or self._seq < count:
-                await asyncio.sleep(max(0.0, due - loop.time()))
+                await sleep_until(due, interval)
                 due = max(due + interval, loop.time() - 1.0)  # catch up a little, never a burst
                 now = time.perf_counter()
                 self._expire(now)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from .. import stamps, wire
 from ..config import RttSettings
-from .base import BACKOFF_SECONDS, FlowHealth, ProbeFailure, RttSink, Target, reason_of_oserror
+from .base import BACKOFF_SECONDS, FlowHealth, ProbeFailure, RttSink, Target, reason_of_oserror, sleep_until
 
 
 class RttProber:
@@ -39,7 +39,7 @@ class RttProber:
         due = loop.time()
         try:
             while count is None or done < count:
-                await asyncio.sleep(max(0.0, due - loop.time()))
+                await sleep_until(due, interval)
                 # Keep a fixed cadence; after a stall, skip ahead instead of bursting.
                 due = max(due + interval, loop.time())
                 ready = [f for f in range(flows) if retry_at[f] <= loop.time()]
