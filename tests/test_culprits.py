@@ -239,8 +239,28 @@ SMALL_CASES: dict[str, tuple[dict[Path_, tuple[str, float]], list[dict[str, str]
 }  # fmt: skip
 
 
+# Cases for the rules alone (their per-path alerts are not all held back: a page of their own).
+RULES_CASES: dict[str, tuple[dict[Path_, tuple[str, float]], list[dict[str, str]], str]] = {
+    # One critically bad path among a named culprit's is that path's own page: the culprit stays a
+    # warning. (A loss marks both directions of a path: the critical path here is a throughput test,
+    # one way, out of the zone, so that the zone counts it once.)
+    "a zone's paths at 3% loss, one path past a critical threshold": (
+        {p: ("ratio", 0.2) if (p.src.name, p.dst.name) == ("tokyo-c1", "osaka-a1") else ("loss", 0.03)
+         for p in between(MESH, zone="ap-northeast-1c")},
+        culprit_labels("zone", False, zone="ap-northeast-1c", region=TOKYO), ""),
+    # A host outside two lossy zones, with two more lossy paths of its own: four of its seven paths
+    # each way are the zones' (explained by them), so it counts two bad of three: not named (counted
+    # with the zones' paths, six of seven named it).
+    "two zones lossy and two stray paths of a host outside them": (
+        {p: ("loss", 0.03) for p in between(MESH, zone="ap-northeast-1a") + between(MESH, zone="ap-northeast-1c")
+         + between(MESH, src_region="ap-northeast-3", dst="singapore-a1")},
+        culprit_labels("zone", False, zone="ap-northeast-1a", region=TOKYO)
+        + culprit_labels("zone", False, zone="ap-northeast-1c", region=TOKYO), ""),
+}  # fmt: skip
+
+
 def test_each_fault_of_the_small_mesh_names_its_culprit_alone(tmp_path: Path) -> None:
-    run_promtool(tmp_path, [promtool_case(MESH, *case) for case in SMALL_CASES.values()])
+    run_promtool(tmp_path, [promtool_case(MESH, *case) for case in [*SMALL_CASES.values(), *RULES_CASES.values()]])
 
 
 def per_path_alerts(fault: dict[Path_, tuple[str, float]]) -> list[dict[str, str]]:
@@ -257,6 +277,8 @@ def per_path_alerts(fault: dict[Path_, tuple[str, float]]) -> list[dict[str, str
             out.append({"alertname": "PathprobeRttAboveBaseline", "severity": "warning", **info, "protocol": "tcp"})
         else:
             out.append({"alertname": "PathprobePacketLossHigh", "severity": "warning", **info})
+            if amount > Params().loss_ratio_critical:
+                out.append({"alertname": "PathprobePacketLossCritical", "severity": "critical", **info})
     return out
 
 
@@ -559,7 +581,8 @@ def test_a_host_down_is_its_exporter_down_alert_alone(alertmanager: str) -> None
                      "zone": down.zone}  # fmt: skip
     culprit = culprit_labels("host", True, side="ingress", host=down.name, region=down.region, zone=down.zone)
     unreachable = [{**a, "alertname": "PathprobePeerUnreachable", "severity": "critical"}
-                   for a in per_path_alerts({p: ("loss", 1.0) for p in into})]  # fmt: skip
+                   for a in per_path_alerts({p: ("loss", 1.0) for p in into})
+                   if a["alertname"] == "PathprobePacketLossHigh"]  # one per path  # fmt: skip
     alerts = [{"labels": {**a, "case": "down"}} for a in [exporter_down, *culprit, *unreachable]]
     with posted(alertmanager, alerts):
         held_alone(alertmanager, "down", alerts, [exporter_down])

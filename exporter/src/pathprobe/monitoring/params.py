@@ -41,6 +41,12 @@ class Params(Strict):
     loss_ratio_warning: float = Field(default=0.01, gt=0, lt=1)
     loss_ratio_critical: float = Field(default=0.05, gt=0, lt=1)
     loss_window: str = Field(default="10m")
+    loss_min_lost_packets: int = Field(
+        default=3,
+        ge=1,
+        description="fewer idle packets lost in loss_window are noise, whatever their share (a window of 100 "
+        "packets makes one lost 1%)",
+    )
     loss_for: str = Field(default="10m")
     partial_failure_for: str = Field(default="5m", description="some flows of a path fail, others not")
     mtu_memory: str = Field(default="1d", description="a size carried within this window and now not: black hole")
