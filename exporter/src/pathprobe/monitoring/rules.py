@@ -188,10 +188,9 @@ EXPLAINED = "path:pathprobe_path_explained:level"
 CULPRIT = "culprit:pathprobe_culprit:level"
 # A culprit's alerts by scope: the warning one while it is named, the critical one while most of its
 # paths are bad at a critical threshold too (the level 2). Not "a few critical paths": a culprit of
-# hundreds of paths at a warning-level fault always has a few past the critical line by chance
-# (tests/test_culprits.py's 1,000-host zone at 3% loss paged so). Two alerts, not one whose severity
-# follows the level: a label that changes starts a new alert, and its `for` would leave a gap in
-# the inhibitions.
+# hundreds of paths at a warning-level fault has a few past the critical line by chance in any
+# window. Two alerts, not one whose severity follows the level: a label that changes starts a new
+# alert, and its `for` would leave a gap in the inhibitions.
 CULPRIT_ALERTS = {"host": "PathprobeHostDegraded", "zone": "PathprobeZoneDegraded",
                   "region_pair": "PathprobeRegionPairDegraded",
                   "transit_gateway": "PathprobeTransitGatewayAttachmentDegraded"}  # fmt: skip
@@ -372,8 +371,7 @@ def _culprit_alerts(p: Params) -> list[Alert]:
             Alert(CULPRIT_ALERTS[scope], named, "warning", f"Most paths {what} are degraded: the culprit.",
                   description, p.culprit_for, scope=scope, keep_firing_for=p.culprit_keep_firing_for),
             Alert(CULPRIT_CRITICAL_ALERTS[scope], f"{named} == 2", "critical",
-                  f"Most paths {what} fail (critical thresholds): the culprit.",
-                  description, p.culprit_for,
+                  f"Most paths {what} fail (critical thresholds): the culprit.", description, p.culprit_for,
                   scope=scope, keep_firing_for=p.culprit_keep_firing_for),
         ]  # fmt: skip
     return alerts
