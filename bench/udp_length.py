@@ -18,24 +18,13 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 
-import yaml
+from throughput_cost import DST, PATHPROBE, TOPOLOGY, in_src, retried  # the same two-host lab and its test runner
 
-from pathprobe.probes.throughput import classify_error
 from pathprobe_lab import net, shaping
 from pathprobe_lab.state import State, in_ns, ns
-from pathprobe_lab.topology import PathSpec, Topology, address
+from pathprobe_lab.topology import PathSpec
 
-PATHPROBE = [sys.executable, "-m", "pathprobe"]
-TOPOLOGY = Topology.model_validate(
-    yaml.safe_load("""
-hosts:
-  - {name: src, region: r1, tcp_rmem_max: 33554432, tcp_wmem_max: 33554432}
-  - {name: dst, region: r2, tcp_rmem_max: 33554432, tcp_wmem_max: 33554432}
-""")
-)
-DST = address(2)
 BITRATE = 100e6  # the default throughput.udp_bitrate
 RTT = 0.074
 # (what, the path's rate, its loss one way)
@@ -55,18 +44,10 @@ def shape(rate: float, loss: float) -> None:
 
 
 def udp_test(seconds: int, omit: int) -> dict:
-    """One `pathprobe probe throughput --protocol udp` from src; again while the server is busy
-    closing the previous test."""
+    """One `pathprobe probe throughput --protocol udp` from src."""
     cmd = [*PATHPROBE, "probe", "throughput", DST, "--protocol", "udp", "--bitrate", f"{BITRATE:.0f}",
            "-t", str(seconds), "-O", str(omit), "--json"]  # fmt: skip
-    for attempt in range(5):
-        proc = subprocess.run(in_ns(ns("src"), cmd), capture_output=True, text=True, timeout=60, check=False)
-        if proc.returncode == 0:
-            return json.loads(proc.stdout)
-        if classify_error(proc.stderr) != "busy" or attempt == 4:
-            raise RuntimeError(proc.stderr.strip()[-200:])
-        time.sleep(1)
-    raise AssertionError("unreachable")
+    return json.loads(retried(lambda: in_src(cmd)))
 
 
 def runs(length: tuple[int, int]) -> tuple[list[float], list[float], float]:
