@@ -18,10 +18,13 @@ WEBHOOK_HEADER = """\
 """
 
 
-def webhook_routing(alertmanager_yml: str, webhook_url: str) -> dict[str, Any]:
+def webhook_routing(
+    alertmanager_yml: str, webhook_url: str, evaluation_interval: str = LAB_EVALUATION_INTERVAL
+) -> dict[str, Any]:
     """An Alertmanager config with the given config's routing and inhibition, but every receiver a
     webhook to `webhook_url` and timers of seconds: for the lab demo and the laptop compose stack,
-    where alerts should land in a log at once rather than in Slack or PagerDuty."""
+    where alerts should land in a log at once rather than in Slack or PagerDuty. The waits that
+    count rule evaluations are scaled to `evaluation_interval`, the Prometheus's that sends to it."""
     cfg: dict[str, Any] = yaml.safe_load(alertmanager_yml)
     for receiver in cfg.get("receivers", []):
         name = receiver["name"]
@@ -29,19 +32,19 @@ def webhook_routing(alertmanager_yml: str, webhook_url: str) -> dict[str, Any]:
         receiver.update({"name": name, "webhook_configs": [{"url": webhook_url, "send_resolved": True}]})
     cfg.pop("global", None)
     cfg["route"].update({"group_wait": "5s", "group_interval": "10s", "repeat_interval": "1h"})
-    _scale_waits(cfg["route"].get("routes", []), set())
+    _scale_waits(cfg["route"].get("routes", []), duration_seconds(evaluation_interval), set())
     return cfg
 
 
-def _scale_waits(routes: list[dict[str, Any]], seen: set[int]) -> None:
+def _scale_waits(routes: list[dict[str, Any]], evaluation_seconds: float, seen: set[int]) -> None:
     """A route's own group_wait counts rule evaluations (a culprit's warning waiting for its
-    critical form): scaled from production's evaluation interval to the lab's. A list of routes
-    shared by two parents (a YAML alias) is scaled once."""
+    critical form): scaled from production's evaluation interval to `evaluation_seconds`. A list
+    of routes shared by two parents (a YAML alias) is scaled once."""
     if id(routes) in seen:
         return
     seen.add(id(routes))
-    scale = duration_seconds(LAB_EVALUATION_INTERVAL) / duration_seconds(Params().evaluation_interval)
+    scale = evaluation_seconds / duration_seconds(Params().evaluation_interval)
     for route in routes:
         if "group_wait" in route:
             route["group_wait"] = f"{duration_seconds(route['group_wait']) * scale:g}s"
-        _scale_waits(route.get("routes", []), seen)
+        _scale_waits(route.get("routes", []), evaluation_seconds, seen)

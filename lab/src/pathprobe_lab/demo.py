@@ -30,7 +30,7 @@ from pathprobe.promql import query
 
 from . import net, shaping, topology
 from .alerting import webhook_routing
-from .configs import exporter_config, lab_alert_params, rotation_seconds, scrape_targets
+from .configs import LAB_EVALUATION_INTERVAL, exporter_config, lab_alert_params, rotation_seconds, scrape_targets
 from .state import LabError, State, in_ns, ns, spawn
 
 WEBHOOK_PORT = 19099
@@ -80,11 +80,14 @@ def port_taken(port: int) -> bool:
     return False
 
 
-def alertmanager_config(webhook_url: str, production: Path | None = None) -> dict[str, Any]:
+def alertmanager_config(
+    webhook_url: str, production: Path | None = None, evaluation_interval: str = LAB_EVALUATION_INTERVAL
+) -> dict[str, Any]:
     """The production routing (`production`, e.g. alerts/alertmanager.yml) with every receiver a
-    webhook (alerting.webhook_routing); without one, everything to the webhook."""
+    webhook and its waits scaled to `evaluation_interval` (alerting.webhook_routing); without one,
+    everything to the webhook."""
     if production is not None:
-        return webhook_routing(production.read_text(), webhook_url)
+        return webhook_routing(production.read_text(), webhook_url, evaluation_interval)
     return {
         "route": {"receiver": "log", "group_by": ["alertname", "region"], "group_wait": "5s",
                   "group_interval": "10s", "repeat_interval": "1h"},
