@@ -249,6 +249,12 @@ RULES_CASES: dict[str, tuple[dict[Path_, tuple[str, float]], list[dict[str, str]
         {p: ("ratio", 0.2) if (p.src.name, p.dst.name) == ("tokyo-c1", "osaka-a1") else ("loss", 0.03)
          for p in between(MESH, zone="ap-northeast-1c")},
         culprit_labels("zone", False, zone="ap-northeast-1c", region=TOKYO), ""),
+    # A zone at the critical loss line: its paths' windows read 4% and 7% by turns (as a lab path's
+    # ~100 echoes a window scatter around 5.5%), so fewer than most of them are past 5% alone, but
+    # their echoes together lose 5.5%: the zone fails (critical), and its page holds back theirs.
+    "a zone's paths at 4% and 7% loss by turns": (
+        {p: ("loss", (0.04, 0.07)[i % 2]) for i, p in enumerate(between(MESH, zone="ap-northeast-1c"))},
+        culprit_labels("zone", True, zone="ap-northeast-1c", region=TOKYO), ""),
     # A host outside two lossy zones, with two more lossy paths of its own: four of its seven paths
     # each way are the zones' (explained by them), so it counts two bad of three: not named (counted
     # with the zones' paths, six of seven named it).
@@ -262,6 +268,26 @@ RULES_CASES: dict[str, tuple[dict[Path_, tuple[str, float]], list[dict[str, str]
 
 def test_each_fault_of_the_small_mesh_names_its_culprit_alone(tmp_path: Path) -> None:
     run_promtool(tmp_path, [promtool_case(MESH, *case) for case in [*SMALL_CASES.values(), *RULES_CASES.values()]])
+
+
+def test_a_critical_culprit_says_how_much_its_echoes_lose_together(tmp_path: Path) -> None:
+    fault, named, _ = RULES_CASES["a zone's paths at 4% and 7% loss by turns"]
+    alert = rules.CULPRIT_CRITICAL_ALERTS["zone"]
+    summary = next(r["annotations"]["summary"] for g in rules.render(Params())["groups"] for r in g["rules"]
+                   if r.get("alert") == alert)  # fmt: skip
+    zone = "ap-northeast-1c"
+
+    def counted(paths: list[Path_]) -> int:  # a zone counts the paths from it and to it (inside it: twice)
+        return sum((p.src.zone == zone) + (p.dst.zone == zone) for p in paths)
+
+    bad, critical = counted(list(fault)), counted([p for p, (_, loss) in fault.items() if loss > 0.05])
+    description = (f"{zone} ({TOKYO}): {bad} of its {bad} paths are bad ({critical} critically; their idle echoes "
+                   "lose 5.5% together), from and to its hosts.")  # fmt: skip
+    annotations = {"summary": summary, "description": description,
+                   "runbook_url": f"{Params().runbook_url_base}#{alert.lower()}"}  # fmt: skip
+    expected = [{"exp_labels": n, "exp_annotations": annotations} for n in named if n["alertname"] == alert]
+    test = {"alertname": alert, "eval_time": f"{EVAL_AT}m", "exp_alerts": expected}
+    run_promtool(tmp_path, [{"interval": "1m", "input_series": input_series(MESH, fault), "alert_rule_test": [test]}])
 
 
 def per_path_alerts(fault: dict[Path_, tuple[str, float]]) -> list[dict[str, str]]:

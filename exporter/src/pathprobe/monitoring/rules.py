@@ -8,6 +8,7 @@ the lab demo renders short windows so that a fire drill takes minutes.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -61,7 +62,7 @@ class Alert:
     def rule(self, p: Params) -> dict[str, Any]:
         expr = self.expr.strip()
         if self.scope == "path":
-            expr = f"({expr})\n* on ({PATH}) group_left ({PATH_SIDES}) pathprobe_peer_info{{{p.selector}}}"
+            expr = _with_path_sides(p, f"({expr})")
         rule: dict[str, Any] = {"alert": self.name, "expr": expr}
         if self.for_:
             rule["for"] = self.for_
@@ -186,17 +187,25 @@ BAD = "path:pathprobe_path_bad:level"
 # Bad paths that a named zone or host culprit explains (value: the path's level).
 EXPLAINED = "path:pathprobe_path_explained:level"
 CULPRIT = "culprit:pathprobe_culprit:level"
-# A culprit's alerts by scope: the warning one while it is named, the critical one while most of its
-# paths are bad at a critical threshold too (the level 2). Not "a few critical paths": a culprit of
+# A culprit's alerts by scope: the warning one while it is named, the critical one (the level 2)
+# while most of its paths are bad at a critical threshold too, or while its paths' idle echoes,
+# added up, lose more than the critical loss ratio. Not "a few critical paths": a culprit of
 # hundreds of paths at a warning-level fault has a few past the critical line by chance in any
-# window. Two alerts, not one whose severity follows the level: a label that changes starts a new
-# alert, and its `for` would leave a gap in the inhibitions.
+# window; and a fault at the critical line itself leaves many paths just below it by chance (a lab
+# path's window holds ~100 echoes), where the sum over all of them does not waver. Two alerts, not
+# one whose severity follows the level: a label that changes starts a new alert, and its `for`
+# would leave a gap in the inhibitions.
 CULPRIT_ALERTS = {"host": "PathprobeHostDegraded", "zone": "PathprobeZoneDegraded",
                   "region_pair": "PathprobeRegionPairDegraded",
                   "transit_gateway": "PathprobeTransitGatewayAttachmentDegraded"}  # fmt: skip
 CULPRIT_CRITICAL_ALERTS = {scope: name.replace("Degraded", "Failing") for scope, name in CULPRIT_ALERTS.items()}
 PATHS, PATHS_BAD, PATHS_CRITICAL = ("culprit:pathprobe_paths:count", "culprit:pathprobe_paths_bad:count",
                                     "culprit:pathprobe_paths_critical:count")  # fmt: skip
+# Idle UDP echoes lost and sent in the loss window: per path (with every label of the path), and
+# over each candidate culprit's paths.
+PATH_IDLE_LOST, PATH_IDLE_SENT = ("path:pathprobe_udp_idle_packets_lost:increase",
+                                  "path:pathprobe_udp_idle_packets_sent:increase")  # fmt: skip
+IDLE_LOST, IDLE_SENT = "culprit:pathprobe_udp_idle_packets_lost:sum", "culprit:pathprobe_udp_idle_packets_sent:sum"
 # The source's labels that identify a path (the target labels and the peer).
 SOURCE = "job, instance, host, region, zone, peer"
 
@@ -247,10 +256,23 @@ def _named(p: Params, scope: str, bad: str, paths: str) -> str:
     """The culprits of a scope: `bad` (per candidate: its bad paths that no culprit named before
     explains) is at least culprit_min_bad_paths and culprit_bad_share of `paths` (its paths that no
     culprit named before explains). The value is 2 when that share of all its paths is bad at a
-    critical threshold, else 1."""
+    critical threshold, or when all its paths' idle echoes together lose more than the critical
+    loss ratio (and at least loss_min_lost_packets), else 1."""
     m = f'{{scope="{scope}"}}'
-    return (f"1 + ({PATHS_CRITICAL}{m} / {PATHS}{m} >= bool {p.culprit_bad_share:g})\n"
+    critical_share = f"({PATHS_CRITICAL}{m} / {PATHS}{m} >= bool {p.culprit_bad_share:g})"
+    critical_loss = (f"({IDLE_LOST}{m} / {IDLE_SENT}{m} > bool {p.loss_ratio_critical:g})"
+                     f" * ({IDLE_LOST}{m} >= bool {p.loss_min_lost_packets})")  # fmt: skip
+    # A candidate without echoes has no loss sum: its share alone decides.
+    return (f"1 + clamp_max({critical_share} + ({critical_loss} or 0 * {critical_share}), 1)\n"
             f"and ({bad} >= {p.culprit_min_bad_paths}) / {paths} >= {p.culprit_bad_share:g}")  # fmt: skip
+
+
+def _idle_udp(p: Params, counter: str) -> str:
+    """Idle UDP echo packets (`counter`: lost or sent) of each path in the loss window."""
+    return (
+        f'sum by ({SOURCE}) (increase(pathprobe_udp_packets_{counter}_total{{{p.selector}, state="idle"}}'
+        f"[{p.loss_window}]))"
+    )
 
 
 def path_signals(p: Params) -> dict[str, str]:
@@ -258,11 +280,10 @@ def path_signals(p: Params) -> dict[str, str]:
     not the alerts' window of tests): 0 good, 1 bad, 2 bad at a critical threshold (throughput, loss)
     or unreachable. Loss, RTT and reachability are round trips: a fault on them marks both directions
     of a path."""
-    sel, idle = p.selector, f'{p.selector}, state="idle"'
+    sel = p.selector
     # Tests this host sent: a receive test measures the peer's egress under this host's labels.
     ratio = f'min by ({SOURCE}) (path:pathprobe_throughput_expected_ratio:last{{direction="send"}})'
-    lost = f"sum by ({SOURCE}) (increase(pathprobe_udp_packets_lost_total{{{idle}}}[{p.loss_window}]))"
-    loss = f"{lost}\n  / sum by ({SOURCE}) (increase(pathprobe_udp_packets_sent_total{{{idle}}}[{p.loss_window}]))"
+    lost, loss = PATH_IDLE_LOST, f"{PATH_IDLE_LOST} / {PATH_IDLE_SENT}"  # recorded before the states
     recent = f"path:pathprobe_rtt_seconds:p50_{p.rtt_recent_window}"
     base = f"path:pathprobe_rtt_seconds:p50_{p.rtt_baseline_window}"
 
@@ -287,8 +308,17 @@ def path_signals(p: Params) -> dict[str, str]:
 def _path_level(p: Params) -> str:
     """Each path's state (path_signals: the worst of its signals), with every label of the path."""
     terms = "\n  or ".join(_with(f"({expr})", signal=name) for name, expr in path_signals(p).items())
-    return (f"max by ({SOURCE}) (\n  {terms}\n)\n* on ({PATH}) group_left ({PATH_SIDES}) "
-            f"pathprobe_peer_info{{{p.selector}}}")  # fmt: skip
+    return _with_path_sides(p, f"max by ({SOURCE}) (\n  {terms}\n)")
+
+
+def _with_path_sides(p: Params, expr: str) -> str:
+    """A per-path expr with the labels of its path that its source's do not carry (PATH_SIDES)."""
+    return f"{expr}\n* on ({PATH}) group_left ({PATH_SIDES}) pathprobe_peer_info{{{p.selector}}}"
+
+
+def _selected(series: str, matchers: str) -> str:
+    """`series` with `matchers` (none: all of it)."""
+    return f"{series}{{{matchers}}}" if matchers else series
 
 
 def _culprits(p: Params) -> list[dict[str, Any]]:
@@ -300,7 +330,7 @@ def _culprits(p: Params) -> list[dict[str, Any]]:
     other ends, and a host's fault can make its region's pairs look bad."""
 
     def level(matchers: str, condition: str = "") -> str:
-        return f"{BAD}{{{matchers}}}{condition}" if matchers else f"{BAD}{condition}"
+        return _selected(BAD, matchers) + condition
 
     def named(scope: str, explained: str) -> str:
         """The scope's culprits, counting only its paths outside `explained` (the paths that
@@ -321,10 +351,14 @@ def _culprits(p: Params) -> list[dict[str, Any]]:
     zone_named = _named(p, "zone", PATHS_BAD + zone, PATHS + zone)
     zone_hosts = f'count by (zone) (count by (zone, host) ({BAD}{{zone!=""}}))'
     return [
+        {"record": PATH_IDLE_LOST, "expr": _with_path_sides(p, _idle_udp(p, "lost"))},
+        {"record": PATH_IDLE_SENT, "expr": _with_path_sides(p, _idle_udp(p, "sent"))},
         {"record": BAD, "expr": _path_level(p)},
         {"record": PATHS, "expr": "\nor ".join(_candidates("count", level).values())},
         {"record": PATHS_BAD, "expr": "\nor ".join(_candidates("sum", lambda m: level(m, " >= bool 1")).values())},
         {"record": PATHS_CRITICAL, "expr": "\nor ".join(_candidates("sum", lambda m: level(m, " >= bool 2")).values())},
+        *({"record": over, "expr": "\nor ".join(_candidates("sum", functools.partial(_selected, of)).values())}
+          for over, of in ((IDLE_LOST, PATH_IDLE_LOST), (IDLE_SENT, PATH_IDLE_SENT))),
         # A zone of one (measuring) host is that host: its own culprit names it.
         {"record": CULPRIT, "expr": f"{zone_named}\nand on (zone) {zone_hosts} >= 2", "labels": {"scope": "zone"}},
         {"record": CULPRIT, "expr": f'({named("host", " or ".join(by_zone))})\nunless on (zone) {CULPRIT}{zone}',
@@ -348,7 +382,10 @@ def _culprit_alerts(p: Params) -> list[Alert]:
             "{{ . | first | value }}{{ end }}"
             for record in (PATHS_BAD, PATHS_CRITICAL, PATHS)
         ]
-        return f"{counts[0]} of its {counts[2]} paths are bad ({counts[1]} critically)"
+        selector = f"{{scope='{scope}',{match}}}"
+        loss = (f"{{{{ with printf \"{IDLE_LOST}{selector} / {IDLE_SENT}{selector}\" {args} {args} | query }}}}"
+                "; their idle echoes lose {{ . | first | value | humanizePercentage }} together{{ end }}")  # fmt: skip
+        return f"{counts[0]} of its {counts[2]} paths are bad ({counts[1]} critically{loss})"
 
     scopes = {
         "host": ("through one host",
@@ -371,7 +408,8 @@ def _culprit_alerts(p: Params) -> list[Alert]:
             Alert(CULPRIT_ALERTS[scope], named, "warning", f"Most paths {what} are degraded: the culprit.",
                   description, p.culprit_for, scope=scope, keep_firing_for=p.culprit_keep_firing_for),
             Alert(CULPRIT_CRITICAL_ALERTS[scope], f"{named} == 2", "critical",
-                  f"Most paths {what} fail (critical thresholds): the culprit.", description, p.culprit_for,
+                  f"Most paths {what} fail (critical thresholds), or lose over {p.loss_ratio_critical:.0%} of their "
+                  "echoes together: the culprit.", description, p.culprit_for,
                   scope=scope, keep_firing_for=p.culprit_keep_firing_for),
         ]  # fmt: skip
     return alerts
