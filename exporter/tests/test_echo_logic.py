@@ -11,12 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pathprobe.allow import AllowList
+from pathprobe.clock import one_way_untrusted
 from pathprobe.config import LossSettings
 from pathprobe.probes import EchoProber, Target
 from pathprobe.probes.echo import LeastDelayed
 from pathprobe.probes.report import ReportSink, RttReport, describe_one_way
 from pathprobe.responders.echo import EchoResponder
-from pathprobe.wire import ECHO_CLOCKS, ECHO_CLOCKS_OFFSET
+from pathprobe.wire import ECHO_CLOCKS, ECHO_CLOCKS_OFFSET, ECHO_HOLD_OFFSET, ECHO_REFLECTED
 from pathprobe.wire import ECHO_HEADER as HEADER
 from pathprobe.wire import ECHO_MAGIC as MAGIC
 from pathprobe.wire import ECHO_REFUSAL as REFUSAL
@@ -278,6 +279,37 @@ def test_each_echo_gives_both_one_way_delays_and_the_responders_bound() -> None:
         _, answered = ECHO_CLOCKS.unpack_from(echoes[-1], ECHO_CLOCKS_OFFSET)
         c.datagram_received(echoes[-1], ("198.18.1.2", 9470), arrived_ns=answered + 2_000_000)
     assert seen == [(0.003, 0.002, 50e-6), (0.003, 0.002, None)]
+
+
+@pytest.mark.parametrize(("skew", "caught"), [(0.005, False), (-0.025, False), (0.050, True), (-0.035, True)])
+def test_a_clock_off_by_less_than_the_delay_it_hides_in_is_not_caught(skew: float, caught: bool) -> None:
+    """The limit of one-way delays from two ends: a responder whose clock is `skew` ahead of true,
+    on a path 30 ms out and 44 ms back, with 1 us bounds stated at each end. The echoes put the
+    clocks apart (beyond the on-wire estimate's own error, half the exchange's delay) only once the
+    skew exceeds the delay it hides in: the reverse one when ahead, the forward one when behind,
+    the point where that delay comes out negative. Below that, the two delays read shifted by the
+    skew, one up and one down, and are exported."""
+    out, back = 0.030, 0.044
+    seen: list[tuple[float, float, float]] = []
+    c, _ = client()
+    c.sink.one_way = lambda forward, reverse, _bound, apart: seen.append((forward, reverse, apart))  # type: ignore[method-assign]
+    resp = EchoResponder(AllowList(["0.0.0.0/0"]), max_pps_per_source=100, count=lambda *_: None)
+    echoes: list[bytes] = []
+    resp.sendto = lambda data, addr: echoes.append(data)  # type: ignore[method-assign]
+    sent = time.time_ns() - round((out + back) * 1e9)  # so that the answer arrives about now
+    send(c, 0, time.perf_counter())
+    resp.datagram_received(packet(0, 64, sent), ("198.18.1.2", 4000))
+    echo = bytearray(echoes[-1])
+    arrived_there = sent + round(out * 1e9)
+    took = arrived_there + round(skew * 1e9)  # the responder's clock reads, held no time
+    ECHO_REFLECTED.pack_into(echo, ECHO_HOLD_OFFSET, 0, 1)
+    ECHO_CLOCKS.pack_into(echo, ECHO_CLOCKS_OFFSET, took, took)
+    c.datagram_received(bytes(echo), ("198.18.1.2", 9470), arrived_ns=arrived_there + round(back * 1e9))
+    ((forward, reverse, apart),) = seen
+    assert forward == pytest.approx(out + skew, abs=1e-9) and reverse == pytest.approx(back - skew, abs=1e-9)
+    negative = min(forward, reverse) < 0
+    assert negative == caught and (apart > 2e-6) == caught, (forward, reverse, apart)
+    assert one_way_untrusted(2e-6, apart, negative, [forward, reverse], 0.1) == ("clocks_disagree" if caught else "")
 
 
 @pytest.mark.parametrize("dscp", [0, 46])
