@@ -1,9 +1,10 @@
 """The culprit rules in the lab, through real exporters, Prometheus and Alertmanager: six faults
 one after the other on a mesh of three regions (two zones in Tokyo, a Transit Gateway attachment
-at tokyo-c1), each restored before the next. Prints, per fault: what Alertmanager holds as not
-inhibited (the pages), the culprits Prometheus named at any time during it, how many per-path
-alerts fired behind the culprit, the webhook's firing notifications, the time from the fault to
-the first page and from the restore to silence.
+at tokyo-c1), each held until its page, the per-path alerts behind it and its steady state (a
+loss window and the per-path alerts' `for`), and restored before the next. Prints, per fault:
+what Alertmanager holds as not inhibited (the pages), the culprits Prometheus named at any time
+during it, how many per-path alerts fired behind the culprit, the webhook's firing
+notifications, the time from the fault to the first page and from the restore to silence.
 
 Run as root: .venv/bin/python bench/culprit_drill.py   (about 35 minutes; it builds its own lab,
 tearing down any running one: do not run it beside the tests)
@@ -25,6 +26,7 @@ import yaml
 
 from pathprobe import promql
 from pathprobe.monitoring import rules
+from pathprobe.monitoring.params import Params
 from pathprobe_lab import demo, net, shaping
 from pathprobe_lab.configs import exporter_config, lab_alert_params, rotation_seconds
 from pathprobe_lab.state import State, in_ns, ns, spawn
@@ -197,11 +199,16 @@ def wait(what: str, check: Callable[[], bool], timeout: float) -> float | None:
 
 
 def one_fault(prom: str, am: str, log: Path, rotation: float, fault: tuple[str, str, Cause],  # noqa: PLR0913, PLR0917 - the lab's handles and one fault
-              before: set[str], signals: dict[str, str]) -> tuple[list[str], dict[str, str]]:  # fmt: skip
+              before: set[str], params: Params) -> tuple[list[str], dict[str, str]]:  # fmt: skip
     """One fault, caused and restored: its row of the table, and the stray culprits named (when, and
     why). `before`: what Alertmanager held on the healthy mesh (the Transit Gateway capacity warnings
     of tokyo-c1's attachment, which its tests fill)."""
     name, want, cause = fault
+    signals = rules.path_signals(params)
+    # A fault held at least this long reaches its steady state, as a fault of minutes does: its loss
+    # window full of faulty echoes, and the per-path alerts' `for` past that (their pages, if any).
+    steady = sum(rules.duration_seconds(d) for d in (params.loss_window, params.loss_for, params.evaluation_interval,
+                                                     params.evaluation_interval))  # fmt: skip
     print(f"{name} ...", flush=True)
     seen = len(log.read_text().splitlines())
     start = time.monotonic()
@@ -226,6 +233,10 @@ def one_fault(prom: str, am: str, log: Path, rotation: float, fault: tuple[str, 
         look()
         return per_path_firing(prom) > len(before)
 
+    def held_steady() -> bool:
+        look()
+        return time.monotonic() - start >= steady
+
     def quieted() -> bool:
         look()
         return quiet(prom, am, before)
@@ -233,6 +244,7 @@ def one_fault(prom: str, am: str, log: Path, rotation: float, fault: tuple[str, 
     to_page = wait("the page", paged, 5 * rotation)
     # Then the per-path alerts behind it (a throughput window: two rotations and a half).
     wait("the per-path alerts", behind_it, 3 * rotation)
+    wait("the fault's steady state", held_steady, steady + 10)
     holding, behind = held(am) - before, per_path_firing(prom) - len(before)
     look()
     restore()
@@ -279,8 +291,7 @@ def main() -> int:
             before = held(am)
             print(f"healthy: held {sorted(before) or 'nothing'}, culprits {sorted(culprits(prom)) or 'none'}",
                   flush=True)  # fmt: skip
-            signals = rules.path_signals(params)
-            drills = [one_fault(prom, am, log, rotation, fault, before, signals) for fault in faults]
+            drills = [one_fault(prom, am, log, rotation, fault, before, params) for fault in faults]
         finally:
             if webhook:
                 webhook.shutdown()
