@@ -428,9 +428,8 @@ def test_a_culprit_that_turns_critical_within_the_wait_pages_alone(alertmanager:
         with posted(alertmanager, critical):
 
             def sent() -> list[tuple[str, str, str]] | None:
-                got = [(m["receiver"], a["labels"]["alertname"], a["labels"]["host"])
-                       for line in notifications.read_text().splitlines() for m in [json.loads(line)]
-                       for a in m["alerts"] if a["labels"].get("case") == case and a["status"] == "firing"]  # fmt: skip
+                got = [(receiver, a["labels"]["alertname"], a["labels"]["host"])
+                       for receiver, a in sent_firing(notifications) if a["labels"].get("case") == case]  # fmt: skip
                 return sorted(got) if len(got) >= 3 else None
 
             got = wait_for("the warning group's notification and the page", sent, timeout=60, every=0.5)
