@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pathprobe.config import Peer
 from pathprobe.limits import Expected, expected, window_share
 from pathprobe_lab.configs import exporter_config
-from pathprobe_lab.state import in_ns, ns, spawn
+from pathprobe_lab.state import ROUTER, in_ns, ns, spawn
 from pathprobe_lab.topology import Topology, address
 
 T = TypeVar("T")
@@ -51,6 +51,18 @@ hosts:
 
 def in_host(host: str, cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(in_ns(ns(host), cmd), capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def router_nft(script: str) -> None:
+    """Rules of a test's own on the lab's router (an impairment the lab has no verb for)."""
+    subprocess.run(in_ns(ROUTER, ["nft", "-f", "-"]), input=script, text=True, check=True)
+
+
+def clear_router_nft(table: str) -> None:
+    """Empty a table router_nft made; it and its chains stay until `lab down`. Deleting a hooked
+    chain would make the kernel flush every NFQUEUE queue of the router: every packet the delay
+    line holds, on every path (see pathprobe_lab.shaping._loss)."""
+    subprocess.run(in_ns(ROUTER, ["nft", "flush", "table", "inet", table]), check=False)
 
 
 def start_exporter(host: str, cfg: dict[str, Any], workdir: Path) -> subprocess.Popen[bytes]:

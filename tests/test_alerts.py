@@ -19,12 +19,12 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from helpers import in_host, scrape, start_exporter, value, wait_for
+from helpers import clear_router_nft, in_host, router_nft, scrape, start_exporter, value, wait_for
 from pathprobe import promql
 from pathprobe.monitoring import params, rules
 from pathprobe_lab import demo, net, shaping
 from pathprobe_lab.configs import METRICS_PORT, exporter_config, lab_alert_params, rotation_seconds
-from pathprobe_lab.state import ROUTER, State, in_ns
+from pathprobe_lab.state import ROUTER, State
 from pathprobe_lab.topology import PathSpec, Topology, address
 
 ALERTS = Path(__file__).parents[1] / "alerts"
@@ -342,10 +342,6 @@ def loss_drill(lab: Lab) -> str:
             f"resolved after {time.monotonic() - restored:.0f} s")  # fmt: skip
 
 
-def router_nft(script: str) -> None:
-    subprocess.run(in_ns(ROUTER, ["nft", "-f", "-"]), input=script, text=True, check=True)
-
-
 def impaired_until_it_fires(lab: Lab, drill: str, alertname: str, impair: Callable[[], None],
                             undo: Callable[[], None]) -> tuple[list[dict], float]:  # fmt: skip
     """Impair the drill's pair until `alertname` fires for its host, then undo (whatever happened,
@@ -386,7 +382,7 @@ def ecmp_drill(lab: Lab) -> str:
                    f" ip saddr {src_address} udp sport {victim} drop\n }}\n}}\n")  # fmt: skip
 
     def undo() -> None:
-        subprocess.run(in_ns(ROUTER, ["nft", "delete", "table", "inet", "ecmp"]), check=False)
+        clear_router_nft("ecmp")
 
     fired, to_fire = impaired_until_it_fires(lab, "ecmp", "PathprobePathPartiallyFailing", impair, undo)
     assert fired[0]["labels"]["peer"] == dst and fired[0]["labels"]["protocol"] == "udp", fired
@@ -410,7 +406,7 @@ def mtu_drill(lab: Lab) -> str:
 
     def undo() -> None:
         subprocess.run(["ip", "-n", ROUTER, "link", "set", link, "mtu", "1500"], check=False)
-        subprocess.run(in_ns(ROUTER, ["nft", "delete", "table", "inet", "pmtu"]), check=False)
+        clear_router_nft("pmtu")
 
     fired, to_fire = impaired_until_it_fires(lab, "mtu", "PathprobePathMtuBlackHole", impair, undo)
     assert {(a["labels"]["peer"], a["labels"]["size_bytes"]) for a in fired} == {(dst, "1500")}, fired

@@ -193,3 +193,22 @@ def test_the_delay_line_logs_its_counters_when_stopped(serving: None) -> None:
     procs.terminate(line["pid"])  # SIGTERM first: it prints its counters and exits
     counters = re.search(r"delay line: (\d+) packets .* late by at most (\d+) us at p50", log.read_text())
     assert counters is not None and int(counters[1]) > 0 and int(counters[2]) <= 100, log.read_text()[-500:]
+
+
+def test_a_loss_change_on_one_path_drops_nothing_the_delay_line_holds_for_another(serving: None) -> None:
+    # Echoes east <-> west (10 ms each way, in the delay line's queues: about 4 at a time at 200/s)
+    # while another path's loss is set and cleared ten times. Re-creating the loss table's hooked
+    # chain flushed every NFQUEUE queue of the router: a few echoes lost per change.
+    probe = subprocess.Popen(
+        in_ns(ns("east"), [*PATHPROBE, "probe", "loss", address(2), "-c", "1000", "--rate", "200", "--json"]),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    changes = 0
+    while probe.poll() is None and changes < 10:
+        lab("impair", "north", "east", "--loss", "5%") if changes % 2 == 0 else lab("restore", "north", "east")
+        changes += 1
+    out, _ = probe.communicate(timeout=30)
+    assert probe.returncode == 0 and changes >= 4, (changes, out)
+    report = json.loads(out)
+    assert report["sent"] == 1000 and report["lost"] == 0, report

@@ -7,16 +7,15 @@ by east's probes on the way out and by west's on the way back, and nowhere else.
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from helpers import scrape, start_exporter, topology, value, wait_for
+from helpers import clear_router_nft, router_nft, scrape, start_exporter, topology, value, wait_for
 from pathprobe_lab import net, shaping
 from pathprobe_lab.configs import METRICS_PORT, exporter_config
-from pathprobe_lab.state import ROUTER, State, in_ns
+from pathprobe_lab.state import State
 from pathprobe_lab.topology import PathSpec, address
 
 pytestmark = pytest.mark.lab
@@ -93,7 +92,7 @@ def test_a_router_that_bleaches_marks_one_way_is_seen_that_way_only(east: str) -
     assert changed(east, "forward") == changed(east, "reverse") == changed(west, "forward") == 0
     rule = (f"table inet bleach {{\n chain marks {{\n type filter hook forward priority 0\n"
             f" ip saddr {address(1)} ip daddr {address(2)} ip dscp set cs0\n }}\n}}\n")  # fmt: skip
-    subprocess.run(in_ns(ROUTER, ["nft", "-f", "-"]), input=rule, text=True, check=True)
+    router_nft(rule)
     try:
         # east's echoes reach west as CS0 (its answers, sent with that, come back as CS0: unchanged);
         # west's echoes arrive marked, and its answers from east are bleached on their way back.
@@ -102,5 +101,5 @@ def test_a_router_that_bleaches_marks_one_way_is_seen_that_way_only(east: str) -
         s = scrape(east)
         assert value(s, "pathprobe_dscp_received_info", direction="forward", sent="46", received="0") == 1
     finally:
-        subprocess.run(in_ns(ROUTER, ["nft", "delete", "table", "inet", "bleach"]), check=False)
+        clear_router_nft("bleach")
     assert changed(east, "reverse") == 0 and changed(west, "forward") == 0

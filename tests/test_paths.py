@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PATHPROBE, in_host, wait_for
+from helpers import PATHPROBE, clear_router_nft, in_host, router_nft, wait_for
 from pathprobe import procs
 
 pytestmark = pytest.mark.lab
@@ -56,10 +56,6 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         lab_cli("down")
 
 
-def nft(namespace: str, script: str) -> None:
-    subprocess.run(["ip", "netns", "exec", namespace, "nft", "-f", "-"], input=script, text=True, check=True)
-
-
 def loss_probe(*args: str, timeout: float = 120) -> dict:
     proc = in_host("east", [*PATHPROBE, "probe", "loss", WEST, "--json", *args], timeout=timeout)
     assert proc.stdout, proc.stderr
@@ -94,12 +90,12 @@ def test_one_dead_flow_shows_as_a_failing_flow(lab: Path) -> None:
 
         victim = wait_for("the prober's 8 flows", ports, timeout=20, every=0.1)[3]
         # Dropped on the way (the router), not at the sender (where send() would fail with EPERM).
-        nft(ROUTER, f"table inet ecmp {{\n chain member {{\n type filter hook forward priority 0\n"
+        router_nft(f"table inet ecmp {{\n chain member {{\n type filter hook forward priority 0\n"
                     f" udp sport {victim} drop\n }}\n}}\n")  # fmt: skip
         out, _ = proc.communicate(timeout=60)
     finally:
         proc.kill()
-        subprocess.run(["ip", "netns", "exec", ROUTER, "nft", "delete", "table", "inet", "ecmp"], check=False)
+        clear_router_nft("ecmp")
     r = json.loads(out)
     assert r["flows_failing"] == 1, r
     assert r["worst_flow_loss_ratio"] == 1.0, r
@@ -133,9 +129,9 @@ def test_a_lowered_mtu_is_seen_and_a_black_hole_too(lab: Path) -> None:
         assert mtu_probe() == [[1400, True, None], [1500, False, "fragmentation_needed"]]
         # It no longer says so (its ICMP filtered as it leaves): a black hole, seen as a timeout.
         # The probe ignores the MTU the host learnt from the ICMP above (IP_PMTUDISC_PROBE).
-        nft(ROUTER, "table inet pmtu {\n chain out {\n type filter hook output priority 0\n"
+        router_nft("table inet pmtu {\n chain out {\n type filter hook output priority 0\n"
                     " icmp type destination-unreachable icmp code frag-needed drop\n }\n}\n")  # fmt: skip
         assert mtu_probe() == [[1400, True, None], [1500, False, "timeout"]]
     finally:
         subprocess.run(["ip", "-n", ROUTER, "link", "set", WEST_ROUTER_LINK, "mtu", "1500"], check=False)
-        subprocess.run(["ip", "netns", "exec", ROUTER, "nft", "delete", "table", "inet", "pmtu"], check=False)
+        clear_router_nft("pmtu")

@@ -108,10 +108,15 @@ def _loss(state: State, hosts: list[str]) -> None:
         "counter drop"
         for i, j, s in _pairs(state, hosts) if s.loss > 0
     ]  # fmt: skip
-    # Re-create the whole table in one transaction (rule counters cannot be reset).
-    script = f"table inet {NFT_TABLE} {{}}\ndelete table inet {NFT_TABLE}\n"
-    script += f"table inet {NFT_TABLE} {{\n  chain wan {{\n    type filter hook forward priority -10; policy accept;\n"
-    script += "".join(f"    {r}\n" for r in rules) + "  }\n}\n"
+    # Replace the rules, never the table or its chain, in one transaction: unregistering a
+    # netfilter hook in the router's namespace (deleting a base chain) makes the kernel flush
+    # every NFQUEUE queue there (nfqnl_nf_hook_drop), dropping each packet the delay line holds,
+    # on every path, silently (its queue counters stay 0).
+    script = (
+        f"table inet {NFT_TABLE} {{\n  chain wan {{\n    type filter hook forward priority -10; policy accept;\n"
+        f"  }}\n}}\nflush chain inet {NFT_TABLE} wan\n"
+    )
+    script += "".join(f"add rule inet {NFT_TABLE} wan {r}\n" for r in rules)
     sh(in_ns(ROUTER, ["nft", "-f", "-"]), input_text=script)
 
 
@@ -201,7 +206,8 @@ def set_path(state: State, src: str, dst: str, spec: PathSpec) -> None:
     """One directed path's shaping. Only what changed is applied again: a rate re-creates the
     qdisc of the router's link towards dst (which the other paths into dst share), a loss the
     loss table (one nft transaction), a delay the delay rules and the delay line (every path's).
-    So a rate or loss change leaves the queues and packets of the paths into other hosts alone."""
+    So a rate or loss change leaves the queues and packets of the paths into other hosts alone,
+    and the packets the delay line holds (see _loss)."""
     state.index(src)  # validates the name
     j = state.index(dst)
     before = state.spec(src, dst)
