@@ -30,6 +30,7 @@ from pathprobe_lab.topology import PathSpec, Topology, address
 ALERTS = Path(__file__).parents[1] / "alerts"
 RULES = ALERTS / "pathprobe.rules.yml"
 AM = ALERTS / "alertmanager.yml"
+UNIT_TESTS = sorted((ALERTS / "tests").glob("*.rules.test.yml"))
 FAR_BELOW, BELOW = "PathprobeThroughputFarBelowExpected", "PathprobeThroughputBelowExpected"
 
 
@@ -59,14 +60,14 @@ def test_every_parameter_is_documented_with_its_default() -> None:
 def test_promtool_checks_and_unit_tests_pass() -> None:
     check = run("promtool", "check", "rules", str(RULES))
     assert check.returncode == 0, check.stdout + check.stderr
-    test = run("promtool", "test", "rules", str(ALERTS / "tests" / "pathprobe.rules.test.yml"))
-    assert test.returncode == 0, test.stdout + test.stderr
-    assert "SUCCESS" in test.stdout
+    with ThreadPoolExecutor(len(UNIT_TESTS)) as pool:  # one promtool a file, side by side
+        for test in pool.map(lambda path: run("promtool", "test", "rules", str(path)), UNIT_TESTS):
+            assert test.returncode == 0 and "SUCCESS" in test.stdout, test.stdout + test.stderr
 
 
 def test_every_alert_follows_the_mixin_style_and_is_unit_tested() -> None:
     runbook_sections = set(re.findall(r"^## (\w+)$", (ALERTS / "runbook.md").read_text(), re.M))
-    tested = set(re.findall(r"alertname: (\w+)", (ALERTS / "tests" / "pathprobe.rules.test.yml").read_text()))
+    tested = {name for path in UNIT_TESTS for name in re.findall(r"alertname: (\w+)", path.read_text())}
     # promtool over generated meshes: tests/test_culprits.py
     tested |= {*rules.CULPRIT_ALERTS.values(), *rules.CULPRIT_CRITICAL_ALERTS.values()}
     for rule in alert_rules():
