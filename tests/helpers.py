@@ -65,10 +65,22 @@ def clear_router_nft(table: str) -> None:
     subprocess.run(in_ns(ROUTER, ["nft", "flush", "table", "inet", table]), check=False)
 
 
-def start_exporter(host: str, cfg: dict[str, Any], workdir: Path) -> subprocess.Popen[bytes]:
+def clock_ahead(seconds: float) -> tuple[str, ...]:
+    """A command prefix that runs a process with its wall clock `seconds` ahead, its monotonic
+    clock true (as a clock offset chrony would have): libfaketime, preloaded directly, as
+    exporter/tests/test_clock_skew.py says why. It moves the process's clock reads only, not
+    the kernel's packet stamps."""
+    return ("env", "LD_PRELOAD=/usr/$LIB/faketime/libfaketime.so.1", f"FAKETIME=+{seconds:g}s",
+            "FAKETIME_DONT_FAKE_MONOTONIC=1", "NO_FAKE_STAT=1")  # fmt: skip
+
+
+def start_exporter(
+    host: str, cfg: dict[str, Any], workdir: Path, prefix: tuple[str, ...] = ()
+) -> subprocess.Popen[bytes]:
+    """`pathprobe run` in a lab host; `prefix`: a command to run it under (clock_ahead)."""
     path = workdir / f"{host}.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    cmd = in_ns(ns(host), [*PATHPROBE, "run", "--config", str(path)])
+    cmd = in_ns(ns(host), [*prefix, *PATHPROBE, "run", "--config", str(path)])
     return spawn(cmd, workdir / f"{host}.log", f"exporter {host}")
 
 

@@ -3,7 +3,9 @@ kernel clock (offset zero, a bound of 1 us stated), so the exporters' forward an
 delays can be held against the delay line's: an asymmetric path (30 ms out, 44 ms back) reads
 within 0.2 ms each way, and 10 ms added live to one direction moves that direction only. DSCP:
 the echoes leave marked EF (46); a router rule that bleaches marks from east to west is seen
-by east's probes on the way out and by west's on the way back, and nowhere else."""
+by east's probes on the way out and by west's on the way back, and nowhere else. A clock off:
+a third host's exporter runs with its wall clock SKEW ahead (libfaketime) and states the lab's
+bound of 1 us; its peers flag its one-way delays as clocks that disagree instead of reading them."""
 
 from __future__ import annotations
 
@@ -12,7 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from helpers import clear_router_nft, router_nft, scrape, start_exporter, topology, value, wait_for
+from helpers import (
+    Samples,
+    clear_router_nft,
+    clock_ahead,
+    router_nft,
+    scrape,
+    start_exporter,
+    topology,
+    value,
+    wait_for,
+)
 from pathprobe_lab import net, shaping
 from pathprobe_lab.configs import METRICS_PORT, exporter_config
 from pathprobe_lab.state import State
@@ -24,13 +36,17 @@ TOPO = topology("""
 hosts:
   - {name: east, region: ap-northeast-1, zone: ap-northeast-1a}
   - {name: west, region: ap-southeast-1, zone: ap-southeast-1a}
+  - {name: skewed, region: ap-northeast-3, zone: ap-northeast-3a}
 paths:
   - {between: [east, west], one_way_delay: 30ms}
+  - {between: [east, skewed], one_way_delay: 4ms}
+  - {between: [west, skewed], one_way_delay: 34ms}
 """)
 OUT, BACK, ADDED = 0.030, 0.044, 0.010
 EF = 46
 WINDOW = 20  # the exporters' quantile window: a live change moves the median within 10 s
 TOLERANCE = 0.0002
+SKEW = 2.5  # skewed's wall clock ahead, seconds: far beyond the delays it could hide in
 
 
 def set_delay(src: str, dst: str, seconds: float) -> None:
@@ -50,7 +66,7 @@ def east(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         cfg = exporter_config(TOPO, h.name, work, 20, {"throughput": {"enabled": False},
                                                        "rtt": {"quantile_window_seconds": WINDOW},
                                                        "loss": {"dscp": EF}})  # fmt: skip
-        start_exporter(h.name, cfg, work)
+        start_exporter(h.name, cfg, work, clock_ahead(SKEW) if h.name == "skewed" else ())
     yield f"{address(1)}:{METRICS_PORT}"
     net.down()
 
@@ -87,8 +103,8 @@ def changed(metrics: str, direction: str) -> float:
 def test_a_router_that_bleaches_marks_one_way_is_seen_that_way_only(east: str) -> None:
     west = f"{address(2)}:{METRICS_PORT}"
     s = scrape(east)
-    assert value(s, "pathprobe_dscp_received_info", direction="forward", sent="46", received="46") == 1
-    assert value(s, "pathprobe_dscp_received_info", direction="reverse", sent="46", received="46") == 1
+    for direction in ("forward", "reverse"):
+        assert value(s, "pathprobe_dscp_received_info", peer="west", direction=direction, sent="46", received="46") == 1
     assert changed(east, "forward") == changed(east, "reverse") == changed(west, "forward") == 0
     rule = (f"table inet bleach {{\n chain marks {{\n type filter hook forward priority 0\n"
             f" ip saddr {address(1)} ip daddr {address(2)} ip dscp set cs0\n }}\n}}\n")  # fmt: skip
@@ -99,7 +115,23 @@ def test_a_router_that_bleaches_marks_one_way_is_seen_that_way_only(east: str) -
         wait_for("east's echoes seen bleached", lambda: changed(east, "forward") > 0, timeout=30)
         wait_for("west's answers seen bleached", lambda: changed(west, "reverse") > 0, timeout=30)
         s = scrape(east)
-        assert value(s, "pathprobe_dscp_received_info", direction="forward", sent="46", received="0") == 1
+        assert value(s, "pathprobe_dscp_received_info", peer="west", direction="forward", sent="46", received="0") == 1
     finally:
         clear_router_nft("bleach")
     assert changed(east, "reverse") == 0 and changed(west, "forward") == 0
+
+
+def test_a_clock_off_by_more_than_its_stated_bound_is_flagged_not_read_as_delay(east: str) -> None:
+    def flagged() -> Samples | None:
+        s = scrape(east)
+        return s if value(s, "pathprobe_owd_untrusted_info", peer="skewed", reason="clocks_disagree") == 1 else None
+
+    s = wait_for("skewed's clock flagged", flagged, timeout=60)
+    assert value(s, "pathprobe_clock_offset_seconds", peer="skewed") == pytest.approx(SKEW, abs=0.05)
+    assert value(s, "pathprobe_owd_trusted", peer="skewed") == 0
+    assert value(s, "pathprobe_owd_seconds_count", peer="skewed") is None  # no delay read
+    assert value(s, "pathprobe_owd_trusted", peer="west") == 1  # the pair whose clocks agree still is
+    # and skewed sees east's clock as far behind its own
+    skewed = scrape(f"{address(3)}:{METRICS_PORT}")
+    assert value(skewed, "pathprobe_clock_offset_seconds", peer="east") == pytest.approx(-SKEW, abs=0.05)
+    assert value(skewed, "pathprobe_owd_untrusted_info", peer="east", reason="clocks_disagree") == 1
