@@ -98,6 +98,21 @@ def test_probe_outcomes_reach_metrics_with_the_injected_clock(tmp_path: Path) ->
     assert value(got, "pathprobe_udp_packets_sent_total", peer="c", state="loaded") == 1
 
 
+def test_a_followed_up_sample_counts_as_idle_or_loaded_by_when_it_was_taken(tmp_path: Path) -> None:
+    """A two-step responder's follow-up comes with the next answer (seconds later): the sample it
+    completes is recorded then, under the time it was taken, before a test that started since."""
+    e = Exporter(config(tmp_path), clock=lambda: 1000.0)
+    e.load_state = lambda peer, now: "loaded" if now >= 995.0 else "idle"  # a test from 995 on
+    e.rooms.rtt_sink("b", 8, RttWindow()).rtt(0.007, age=8.0)
+    echo = e.rooms.echo_sink("c")
+    echo.received(0.0004, age=8.0)
+    echo.received(0.0005)
+    got = samples(e)
+    assert value(got, "pathprobe_rtt_seconds_count", peer="b", protocol="tcp", state="idle") == 1
+    assert value(got, "pathprobe_rtt_seconds_count", peer="c", protocol="udp", state="idle") == 1
+    assert value(got, "pathprobe_rtt_seconds_count", peer="c", protocol="udp", state="loaded") == 1
+
+
 def test_loaded_packets_of_a_peer_without_tests_are_exported(tmp_path: Path) -> None:
     # c is never tested, but this host's tests with b load c's packets too: they must show.
     cfg = config(tmp_path).model_dump(mode="json")

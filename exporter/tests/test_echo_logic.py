@@ -90,7 +90,7 @@ def test_the_least_delayed_echo_gives_the_clock_offset() -> None:
     c.sink.clock_offset = offsets.append  # type: ignore[method-assign]
     resp = EchoResponder(AllowList(["0.0.0.0/0"]), max_pps_per_source=100, count=lambda *_: None)
     echoes: list[bytes] = []
-    resp.sendto = lambda data, addr: echoes.append(data)  # type: ignore[method-assign]
+    resp.sendto = lambda data, addr, *_: echoes.append(data)  # type: ignore[method-assign]
     now = time.time_ns()
     for seq, sent_ago_ms in enumerate((500, 2, 100)):  # the second one's exchange took the least time
         send(c, seq, time.perf_counter())
@@ -127,7 +127,7 @@ class FakeTransport:
     def __init__(self) -> None:
         self.sent: list[tuple[bytes, tuple[str, int]]] = []
 
-    def sendto(self, data: bytes, addr: tuple[str, int]) -> None:
+    def sendto(self, data: bytes, addr: tuple[str, int], *_: object) -> None:
         self.sent.append((data, addr))
 
 
@@ -268,10 +268,10 @@ def test_each_echo_gives_both_one_way_delays_and_the_responders_bound() -> None:
     send and arrival stamps: each direction's delay, and the clock error bound it states."""
     seen: list[tuple[float, float, float | None]] = []
     c, _ = client()
-    c.sink.one_way = lambda forward, reverse, bound, _apart: seen.append((forward, reverse, bound))  # type: ignore[method-assign]
+    c.sink.one_way = lambda forward, reverse, bound, _apart, _age=0.0: seen.append((forward, reverse, bound))  # type: ignore[method-assign]
     resp = EchoResponder(AllowList(["0.0.0.0/0"]), max_pps_per_source=100, count=lambda *_: None, bound=lambda: 50e-6)
     echoes: list[bytes] = []
-    resp.sendto = lambda data, addr: echoes.append(data)  # type: ignore[method-assign]
+    resp.sendto = lambda data, addr, *_: echoes.append(data)  # type: ignore[method-assign]
     sent = time.time_ns() - 10_000_000
     for seq, size in enumerate((64, 52)):  # room for the bound, and only for the clocks
         send(c, seq, time.perf_counter())
@@ -292,10 +292,10 @@ def test_a_clock_off_by_less_than_the_delay_it_hides_in_is_not_caught(skew: floa
     out, back = 0.030, 0.044
     seen: list[tuple[float, float, float]] = []
     c, _ = client()
-    c.sink.one_way = lambda forward, reverse, _bound, apart: seen.append((forward, reverse, apart))  # type: ignore[method-assign]
+    c.sink.one_way = lambda forward, reverse, _bound, apart, _age=0.0: seen.append((forward, reverse, apart))  # type: ignore[method-assign]
     resp = EchoResponder(AllowList(["0.0.0.0/0"]), max_pps_per_source=100, count=lambda *_: None)
     echoes: list[bytes] = []
-    resp.sendto = lambda data, addr: echoes.append(data)  # type: ignore[method-assign]
+    resp.sendto = lambda data, addr, *_: echoes.append(data)  # type: ignore[method-assign]
     sent = time.time_ns() - round((out + back) * 1e9)  # so that the answer arrives about now
     send(c, 0, time.perf_counter())
     resp.datagram_received(packet(0, 64, sent), ("198.18.1.2", 4000))
@@ -344,7 +344,7 @@ def test_a_rewritten_mark_is_seen_in_its_direction() -> None:
     c.sink.marks = lambda sent, forward, reverse: seen.append((sent, forward, reverse))  # type: ignore[method-assign]
     resp = EchoResponder(AllowList(["0.0.0.0/0"]), max_pps_per_source=100, count=lambda *_: None)
     sent: list[tuple[bytes, list[tuple[int, int, bytes]]]] = []
-    resp.sendto = lambda data, addr, ancillary=None: sent.append((data, ancillary or []))  # type: ignore[method-assign]
+    resp.sendto = lambda data, addr, ancillary=None, *_: sent.append((data, ancillary or []))  # type: ignore[method-assign]
     send(c, 0, time.perf_counter())
     resp.datagram_received(packet(0, 64, time.time_ns()), ("198.18.1.2", 4000), tos=0)
     answer, ancillary = sent[-1]

@@ -2,7 +2,10 @@
 
 import asyncio
 import socket
+import statistics
+import time
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -11,6 +14,7 @@ from pathprobe.allow import AllowList
 from pathprobe.config import LossSettings, MtuSettings, RttSettings
 from pathprobe.probes import EchoProber, MtuProber, RttProber, Target
 from pathprobe.probes.report import ReportSink, RttReport
+from pathprobe.responders import rr as rr_responder
 from pathprobe.responders.echo import EchoResponder
 from pathprobe.responders.rr import RrResponder
 from pathprobe.wire import MAX_BUFFERED, READ_SIZE, Connection
@@ -189,35 +193,39 @@ def test_both_probes_time_every_request_from_the_kernels_transmit_stamp(
     assert all(k is not None and read <= k <= arrived for read, k, arrived in chosen), chosen
 
 
-def test_an_exchange_wakes_its_prober_once_for_the_answer_not_for_its_transmit_stamp(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Each send's transmit stamp is taken as it is sent: its arrival on the error queue would
-    otherwise wake the prober a second time per exchange (the socket polls as readable)."""
+def test_an_exchange_wakes_each_side_once_not_for_its_transmit_stamps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each send's transmit stamp is taken as it is sent, by the probers and the (two-step)
+    responders alike: its arrival on the error queue would otherwise wake the process a second
+    time per exchange (the socket polls as readable)."""
     wakes: list[str] = []
-    on_readable, read = Connection._on_readable, EchoProber._read
+    on_readable, prober_read, responder_read = Connection._on_readable, EchoProber._read, EchoResponder._read
+    listening: list[int] = []  # the RR responder's port: its connections' local one
 
     def tcp_woken(conn: Connection) -> None:
-        if conn._stamping:  # the prober's connection, not the responder's
-            wakes.append("tcp")
+        wakes.append("tcp responder" if conn.sock.getsockname()[1] in listening else "tcp prober")
         on_readable(conn)
 
     def udp_woken(prober: EchoProber, sock: socket.socket, flow: int) -> None:
-        wakes.append("udp")
-        read(prober, sock, flow)
+        wakes.append("udp prober")
+        prober_read(prober, sock, flow)
+
+    def echo_woken(responder: EchoResponder, sock: socket.socket) -> None:
+        wakes.append("udp responder")
+        responder_read(responder, sock)
 
     monkeypatch.setattr(Connection, "_on_readable", tcp_woken)
     monkeypatch.setattr(EchoProber, "_read", udp_woken)
+    monkeypatch.setattr(EchoResponder, "_read", echo_woken)
 
     async def scenario() -> tuple[RttReport, RttReport]:
         allow = AllowList(["127.0.0.0/8"])
         rr = await RrResponder(allow, 16, lambda _: None).start("127.0.0.1", 0)
+        listening.append(rr.listener.getsockname()[1])
         echo = EchoResponder(allow, 1000, lambda _: None)
         await echo.start("127.0.0.1", 0)
-        tcp, udp = RttReport("tcp", 0.01, 1), RttReport("udp", 0.01, 64)
-        rtt = RttSettings(interval_seconds=0.01, size_bytes=1, timeout_seconds=2.0, flows=2)
+        rtt, loss = RttSettings(interval_seconds=0.01, flows=2), LossSettings(rate_pps=100, flows=4)  # default sizes
+        tcp, udp = RttReport("tcp", 0.01, rtt.size_bytes), RttReport("udp", 0.01, loss.size_bytes)
         await RttProber(Target("127.0.0.1", rr.listener.getsockname()[1]), rtt, ReportSink(tcp)).run(count=20)
-        loss = LossSettings(rate_pps=100, size_bytes=64, timeout_seconds=1.0, flows=4)
         await EchoProber(Target("127.0.0.1", echo.sockname()[1]), loss, ReportSink(udp)).run(40)
         rr.close()
         echo.close()
@@ -225,8 +233,81 @@ def test_an_exchange_wakes_its_prober_once_for_the_answer_not_for_its_transmit_s
 
     tcp, udp = asyncio.run(scenario())
     assert (tcp.received, udp.received) == (20, 40)
-    # For the responders' answers (and each connection's hello's): none for a stamp.
-    assert wakes.count("tcp") <= 20 + 2 and wakes.count("udp") <= 40, Counter(wakes)
+    # For the answers and requests (and each connection's hello and end): none for a stamp.
+    woken = Counter(wakes)
+    assert woken["tcp prober"] <= 20 + 2 and woken["tcp responder"] <= 20 + 2 * 2, woken
+    assert woken["udp prober"] <= 40 and woken["udp responder"] <= 40, woken
+
+
+@pytest.mark.parametrize("size", [80, 64])
+def test_a_two_step_echo_keeps_the_responders_own_send_out_of_the_rtt(
+    size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The responder's stretch from an answer's clock read to its send (5 ms here: a sleep, where a
+    busy host preempts it) comes in the flow's next answer (80 bytes and more), which takes it off
+    that echo's RTT and reverse delay. Only each flow's last echo of a one-shot run has no next
+    answer. An echo too short for the follow-up (64 bytes) keeps the stretch in its RTT."""
+    stretch, flows, count = 0.005, 4, 40
+    send = EchoResponder.sendto
+
+    def slow(resp: EchoResponder, data: bytes, addr: tuple[str, int], *more: Any) -> None:
+        time.sleep(stretch)
+        send(resp, data, addr, *more)
+
+    monkeypatch.setattr(EchoResponder, "sendto", slow)
+
+    async def scenario() -> RttReport:
+        echo = EchoResponder(AllowList(["127.0.0.0/8"]), 1000, lambda _: None, bound=lambda: 1e-6)
+        await echo.start("127.0.0.1", 0)
+        report = RttReport("udp", 0.02, size)
+        loss = LossSettings(rate_pps=50, size_bytes=size, timeout_seconds=1.0, flows=flows)
+        await EchoProber(Target("127.0.0.1", echo.sockname()[1]), loss, ReportSink(report)).run(count)
+        echo.close()
+        return report
+
+    report = asyncio.run(scenario())
+    assert report.received == count and len(report.rtts) == len(report.reverse) == count
+    assert_stretch_taken_off(report.rtts, stretch, flows if size >= 80 else None)
+    assert_stretch_taken_off(report.reverse, stretch, flows if size >= 80 else None)
+
+
+@pytest.mark.parametrize("size", [8, 1])
+def test_a_two_step_rr_answer_keeps_the_responders_own_send_out_of_the_rtt(
+    size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the echo's: requests of 8 bytes and more get the follow-up of the connection's previous
+    answer; a 1-byte request (netperf's) keeps the responder's stretch in its RTT."""
+    stretch, flows, count = 0.005, 2, 20
+    write = rr_responder._write
+
+    async def slow(conn: Connection, data: bytes | bytearray) -> None:
+        if len(data) > 1:  # an answer, not the hello's
+            time.sleep(stretch)
+        await write(conn, data)
+
+    monkeypatch.setattr(rr_responder, "_write", slow)
+
+    async def scenario() -> RttReport:
+        server = await RrResponder(AllowList(["127.0.0.0/8"]), 16, lambda _: None).start("127.0.0.1", 0)
+        report = RttReport("tcp", 0.01, size)
+        settings = RttSettings(interval_seconds=0.01, size_bytes=size, timeout_seconds=2.0, flows=flows)
+        await RttProber(Target("127.0.0.1", server.listener.getsockname()[1]), settings, ReportSink(report)).run(count)
+        server.close()
+        return report
+
+    report = asyncio.run(scenario())
+    assert report.received == count and len(report.rtts) == count
+    assert_stretch_taken_off(report.rtts, stretch, flows if size >= 8 else None)
+
+
+def assert_stretch_taken_off(delays: list[float], stretch: float, flows: int | None) -> None:
+    """Every delay holds the stretch without follow-ups (`flows` None); with them, at most each
+    flow's last (no next answer follows it up in a one-shot run), and the median is loopback's."""
+    slow = [d for d in delays if d >= stretch]
+    if flows is None:
+        assert len(slow) == len(delays), delays
+    else:
+        assert len(slow) <= flows and statistics.median(delays) < stretch / 5, delays
 
 
 def test_the_mtu_prober_sees_sizes_carried_over_loopback() -> None:

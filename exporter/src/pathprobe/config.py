@@ -165,7 +165,9 @@ RTT_INTERVAL_DEFAULT, ECHO_RATE_DEFAULT = 1.0, 5.0
 class RttSettings(Strict):
     enabled: bool = True
     interval_seconds: float = Field(default=RTT_INTERVAL_DEFAULT, ge=0.001, le=60)
-    size_bytes: int = Field(default=1, ge=1, le=65536)
+    # Request size; 8 and more carry the responder's follow-up (wire.RR_FOLLOW_UP) that takes its
+    # own send off the RTT: 8 by default (netperf TCP_RR's is 1; both one small segment).
+    size_bytes: int = Field(default=8, ge=1, le=65536)
     timeout_seconds: float = Field(default=1.0, gt=0, le=30)
     # TCP connections, used in turn (each has its own source port).
     flows: int = Field(default=FLOWS_DEFAULT, ge=1, le=FLOWS_MAX)
@@ -178,7 +180,9 @@ class RttSettings(Strict):
 class LossSettings(Strict):
     enabled: bool = True
     rate_pps: float = Field(default=ECHO_RATE_DEFAULT, gt=0, le=1000)
-    size_bytes: int = Field(default=64, ge=36, le=1400)  # 36: the echo header (wire.ECHO_HEADER)
+    # 36: the echo header (wire.ECHO_HEADER); 80 carries every field the responder fills in (the
+    # follow-up that takes its own send off the RTT last).
+    size_bytes: int = Field(default=80, ge=36, le=1400)
     # A packet is lost only when no echo came within this time.
     timeout_seconds: float = Field(default=2.0, gt=0, le=30)
     # UDP sockets, used in turn (each has its own source port).

@@ -23,7 +23,7 @@ class RttWindow:
     def __init__(self) -> None:
         self.samples: deque[float] = deque(maxlen=WINDOW)
 
-    def rtt(self, seconds: float) -> None:
+    def rtt(self, seconds: float, age: float = 0.0) -> None:
         self.samples.append(seconds)
 
     def failure(self, reason: Reason) -> None:

@@ -36,10 +36,13 @@ def enable(sock: socket.socket) -> None:
     sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
 
 
-def enable_sent(sock: socket.socket) -> bool:
+def enable_sent(sock: socket.socket, restart: bool = False) -> bool:
     """Ask for a transmit timestamp of every send (read them with sent_times()); False where
-    the kernel refuses (the caller keeps its own clock reads)."""
+    the kernel refuses (the caller keeps its own clock reads). `restart`: count the keys from 0
+    again (the kernel resets the count when the option is enabled after being disabled)."""
     try:
+        if restart:
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, 0)
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, TX_FLAGS)
     except OSError:
         return False

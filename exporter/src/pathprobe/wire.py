@@ -5,7 +5,11 @@ the request size as a big-endian u32; the responder answers b"Y" (go on) or b"N"
 (refused), then answers every `size`-byte request on the same connection with the
 same bytes followed by a big-endian u64: how long, in nanoseconds, the request sat
 in the responder (from the kernel's receive timestamp to just before the answer is
-sent). The RTT is the network's part (see stamps.py).
+sent). The RTT is the network's part (see stamps.py). With requests of 8 bytes or more, the
+responder overwrites the first 8 of the bytes it returns with a follow-up (two-step, as the UDP
+echo's): the nanoseconds from the clock read that ended the previous answer's hold on this
+connection to the kernel's transmit stamp of that answer's last byte, plus one (zero: none; an
+older responder returns the request's zeros).
 
 UDP echo: b"PPUE", sequence (u64), sender's wall clock (u64 ns), the responder's
 hold time (u64 ns, zero in the request), the responder's count of requests received
@@ -24,7 +28,11 @@ kernel stamps, each echo gives the one-way delay of each direction: out, from th
 answer's stamp less the hold (the request's kernel arrival); back, from that stamp to the
 answer's arrival. With room for 2 more (62 bytes or more), it writes 1 and the TOS byte the
 request arrived with (zeros where its socket did not say), and sends the answer with that TOS:
-the prober learns whether its DSCP mark arrived, and whether the answer's came back.
+the prober learns whether its DSCP mark arrived, and whether the answer's came back. With room
+for 16 more at offset 64 (80 bytes or more), a follow-up (two-step, as PTP's): of the previous
+answer on this flow, its sequence plus one (zero: none yet) and the nanoseconds from the clock read
+that ended its hold to the kernel's transmit stamp of it, plus one (zero: no stamp). The prober
+adds that stretch to that answer's hold, so the responder's own send is not counted as network.
 """
 
 from __future__ import annotations
@@ -43,6 +51,9 @@ RR_MAGIC = b"PPRR"
 RR_VERSION = 2
 RR_MAX_SIZE = 65536
 HOLD = struct.Struct("!Q")
+RR_FOLLOW_UP = struct.Struct("!Q")  # at the answer's start: the previous answer's stretch in ns + 1 (0: none)
+# A transmit stamp further from its answer's clock read than this belongs to another send.
+MAX_STRETCH_NS = 1_000_000_000
 
 # --- UDP echo
 ECHO_HEADER = struct.Struct("!4sQQQQ")
@@ -54,6 +65,10 @@ ECHO_BOUND = struct.Struct("!Q")  # the responder's clock error bound, ns (0: un
 ECHO_BOUND_OFFSET = ECHO_CLOCKS_OFFSET + ECHO_CLOCKS.size
 ECHO_MARK = struct.Struct("!BB")  # 1 when the responder read the request's TOS, and that TOS
 ECHO_MARK_OFFSET = ECHO_BOUND_OFFSET + ECHO_BOUND.size
+# Of this flow's previous answer: its sequence + 1, and its stretch from the clock read to the
+# kernel's transmit stamp in ns + 1 (zero: none).
+ECHO_FOLLOW_UP = struct.Struct("!QQ")
+ECHO_FOLLOW_UP_OFFSET = 64
 ECHO_MAGIC = b"PPUE"
 ECHO_REFUSED = b"PPUN"
 ECHO_REFUSAL = struct.Struct("!4sQ")
@@ -154,7 +169,8 @@ class Connection:
     read is waiting for more.
 
     With `stamp_sends` (a connected socket, nothing written yet), `sent_ns` is the kernel's
-    transmit timestamp of the last write's last byte once it is known, else None.
+    transmit timestamp of the last send's last byte once it is known (take_sent_stamps()), else
+    None.
     """
 
     def __init__(self, sock: socket.socket, stamp_sends: bool = False):
@@ -182,7 +198,7 @@ class Connection:
             self._loop.remove_reader(self.sock.fileno())
             self._reading = False
 
-    def _take_sent_stamps(self, most: int = 256) -> None:
+    def take_sent_stamps(self, most: int = 256) -> None:
         """Transmit stamps from the error queue (up to `most`); the last write's last byte's is sent_ns."""
         if self._stamping:
             for key, when in stamps.sent_times(self.sock, most):
@@ -190,7 +206,7 @@ class Connection:
                     self.sent_ns = when
 
     def _on_readable(self) -> None:
-        self._take_sent_stamps()
+        self.take_sent_stamps()
         try:
             data, ancdata, _, _ = self.sock.recvmsg(READ_SIZE, stamps.CMSG_SPACE)
         except (BlockingIOError, InterruptedError):
@@ -234,6 +250,7 @@ class Connection:
 
     def send_now(self, data: bytes | bytearray) -> int:
         """As much of `data` as the socket takes without waiting (bytes sent)."""
+        self.sent_ns = None
         try:
             sent = self.sock.send(data)
         except (BlockingIOError, InterruptedError):
@@ -242,7 +259,6 @@ class Connection:
         return sent
 
     async def write(self, data: bytes | bytearray) -> None:
-        self.sent_ns = None
         sent = self.send_now(data)  # small messages: one send() without going through the event loop
         if sent < len(data):
             await self._loop.sock_sendall(self.sock, data[sent:])
@@ -250,7 +266,7 @@ class Connection:
         # An unqueued send is stamped within send() itself: taking its stamp now spares the event
         # loop the wake-up its arrival on the error queue would cost (the socket polls as readable).
         # One read: a small write is one segment, one stamp.
-        self._take_sent_stamps(most=1)
+        self.take_sent_stamps(most=1)
 
     def close(self) -> None:
         self._pause()

@@ -247,9 +247,9 @@ class EchoSink:
         self.room.count(self.peer, "sent")
         self.ledger.moved(self.peer, size)
 
-    def received(self, rtt: float) -> None:
+    def received(self, rtt: float, age: float = 0.0) -> None:
         self.room.count(self.peer, "received")
-        self.room.rtt.observe(self.peer, "udp", rtt)
+        self.room.rtt.observe(self.peer, "udp", rtt, age)
         self.ledger.success(self.peer)
 
     def lost(self, age: float) -> None:
@@ -281,8 +281,9 @@ class EchoSink:
     def clock_offset(self, seconds: float) -> None:
         self.room.set_clock_offset(self.peer, seconds)
 
-    def one_way(self, forward: float, reverse: float, peer_bound: float | None, clocks_apart: float) -> None:
-        self.owd.observe(self.peer, forward, reverse, peer_bound, clocks_apart)
+    def one_way(self, forward: float, reverse: float, peer_bound: float | None, clocks_apart: float,
+                age: float = 0.0) -> None:  # fmt: skip
+        self.owd.observe(self.peer, forward, reverse, peer_bound, clocks_apart, age)
 
     def marks(self, sent: int, forward: int, reverse: int | None) -> None:
         self.room.mark_seen(self.peer, "forward", sent, forward)

@@ -55,11 +55,14 @@ class OwdRoom(Room):
             for window in list(self.windows.values()):
                 window.resize(cfg.probes.rtt.quantile_window_seconds)
 
-    def observe(self, peer: str, forward: float, reverse: float, peer_bound: float | None,
-                clocks_apart: float = 0.0) -> None:  # fmt: skip
+    def observe(  # noqa: PLR0913, PLR0917 - an echo's figures, as its sink's one_way gets them
+        self, peer: str, forward: float, reverse: float, peer_bound: float | None, clocks_apart: float = 0.0,
+        age: float = 0.0,
+    ) -> None:  # fmt: skip
+        """An echo's delays, taken `age` seconds ago (RttRoom.observe)."""
         if not self.admits(peer):
             return
-        now = self.clock()
+        now = self.clock() - age
         self.peer_bounds[peer] = peer_bound
         self.clocks_apart[peer] = clocks_apart
         if forward < 0 or reverse < 0:

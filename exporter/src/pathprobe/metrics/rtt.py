@@ -139,10 +139,11 @@ class RttRoom(Room):
             for window in list(self.windows.values()):
                 window.resize(self.window_seconds)
 
-    def observe(self, peer: str, protocol: str, seconds: float) -> None:
+    def observe(self, peer: str, protocol: str, seconds: float, age: float = 0.0) -> None:
+        """A sample taken `age` seconds ago: its state and window step are those of that time."""
         if not self.admits(peer):
             return
-        now = self.clock()
+        now = self.clock() - age
         key = RttKey(peer, protocol, self.load_state(peer, now))
         window = self.windows.get(key)
         if window is None:
@@ -184,8 +185,8 @@ class RttSink:
     def __init__(self, room: RttRoom, ledger: Ledger, flows: FailingFlows, peer: str, size: int):
         self.room, self.ledger, self.flows, self.peer, self.size = room, ledger, flows, peer, size
 
-    def rtt(self, seconds: float) -> None:
-        self.room.observe(self.peer, "tcp", seconds)
+    def rtt(self, seconds: float, age: float = 0.0) -> None:
+        self.room.observe(self.peer, "tcp", seconds, age)
         self.ledger.moved(self.peer, self.size)
         self.ledger.success(self.peer)
 

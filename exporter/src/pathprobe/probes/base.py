@@ -86,7 +86,8 @@ class Prober(Protocol):
 class RttSink(Protocol):
     """Outcomes of the TCP request/response prober."""
 
-    def rtt(self, seconds: float) -> None: ...
+    # age: seconds since the answer came (a two-step responder's follow-up comes with the next one)
+    def rtt(self, seconds: float, age: float = 0.0) -> None: ...
     def failure(self, reason: Reason) -> None: ...
     def flows_failing(self, count: int) -> None: ...
 
@@ -95,7 +96,8 @@ class EchoSink(Protocol):
     """Outcomes of the UDP echo prober, packet by packet."""
 
     def sent(self, size: int) -> None: ...
-    def received(self, rtt: float) -> None: ...
+    # age: seconds since the echo came back (a two-step responder's follow-up comes with the next answer)
+    def received(self, rtt: float, age: float = 0.0) -> None: ...
     def lost(self, age: float) -> None: ...  # age: seconds since the packet was sent
     def duplicate(self) -> None: ...
     def reordered(self) -> None: ...
@@ -107,7 +109,8 @@ class EchoSink(Protocol):
     def clock_offset(self, seconds: float) -> None: ...  # the peer's clock minus this host's
     # One echo's one-way delays (each off by the clocks' offset), the bound the peer's responder
     # states, and how far apart the clocks are at least (the on-wire offset less its own error).
-    def one_way(self, forward: float, reverse: float, peer_bound: float | None, clocks_apart: float) -> None: ...
+    def one_way(self, forward: float, reverse: float, peer_bound: float | None, clocks_apart: float,
+                age: float = 0.0) -> None: ...  # fmt: skip
     # The DSCP an echo was sent with, the one it reached the peer with, and the one the answer
     # (sent with that) came back with (None where this host's socket did not say).
     def marks(self, sent: int, forward: int, reverse: int | None) -> None: ...
@@ -119,9 +122,9 @@ class RttTee:
     def __init__(self, *sinks: RttSink):
         self.sinks = sinks
 
-    def rtt(self, seconds: float) -> None:
+    def rtt(self, seconds: float, age: float = 0.0) -> None:
         for s in self.sinks:
-            s.rtt(seconds)
+            s.rtt(seconds, age)
 
     def failure(self, reason: Reason) -> None:
         for s in self.sinks:

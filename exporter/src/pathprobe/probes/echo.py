@@ -20,6 +20,7 @@ import asyncio
 import socket
 import time
 from collections import OrderedDict, deque
+from dataclasses import dataclass
 
 from .. import stamps, wire
 from ..config import LossSettings
@@ -56,6 +57,17 @@ class LeastDelayed:
         return queue[0][1], queue[0][2]
 
 
+@dataclass(slots=True)
+class _Sample:
+    """An echo's figures, held for the follow-up of a two-step responder (wire.ECHO_FOLLOW_UP):
+    its answer's stretch from the responder's clock read to its send is the network's neither."""
+
+    seq: int
+    arrived: float  # perf_counter
+    rtt: float
+    one_way: tuple[float, float, float | None, float] | None  # forward, reverse, peer bound, clocks apart
+
+
 class _Flow:
     """One source port's packets: counts for the per-direction split, and its health."""
 
@@ -68,6 +80,7 @@ class _Flow:
         # Transmit stamps' keys (the socket's sends counted from 0) -> seq, of recent sends.
         self.stamp_keys: OrderedDict[int, int] = OrderedDict()
         self.next_key = 0
+        self.held: _Sample | None = None  # the last echo's, until the next answer follows it up
 
 
 class EchoProber:
@@ -89,6 +102,8 @@ class EchoProber:
         self._offsets = LeastDelayed(OFFSET_SAMPLES)
         self._stamping = False  # whether the flows' sockets give transmit stamps
         self._sent_ns: dict[int, int] = {}  # seq -> the kernel's transmit stamp, of packets in flight
+        # A held echo whose follow-up has not come by then (the flow's next answer lost) counts as it is.
+        self._follow_up_wait = settings.timeout_seconds + 2 * settings.flows / settings.rate_pps
 
     # --- receiving
     def _take_sent_stamps(self, sock: socket.socket, flow: int, most: int = 256) -> None:
@@ -139,34 +154,67 @@ class EchoProber:
                     self._echoed(*self._index[seq], reflected)
             return
         sent_at, flow, index = outstanding
-        self._flows[flow].health.record(lost=False)
+        f = self._flows[flow]
+        f.health.record(lost=False)
         self._echoed(flow, index, reflected)
-        rtt = stamps.network_rtt(sent_ns, arrived_ns, now - sent_at, hold_ns)
         if seq < self._newest:
             self.sink.reordered()
         self._newest = max(self._newest, seq)
         self._remember(self._answered, seq)
-        if self._last_rtt is not None:
-            self._jitter += (abs(rtt - self._last_rtt) - self._jitter) * JITTER_GAIN
-            self.sink.jitter(self._jitter)
-        self._last_rtt = rtt
-        self.sink.received(rtt)
-        self._clocks(sent_ns, arrived_ns, hold_ns, data)
+        rtt = stamps.network_rtt(sent_ns, arrived_ns, now - sent_at, hold_ns)
+        sample = _Sample(seq, now, rtt, self._clocks(sent_ns, arrived_ns, hold_ns, data))
         if len(data) >= wire.ECHO_MARK_OFFSET + wire.ECHO_MARK.size:
             read, forward = wire.ECHO_MARK.unpack_from(data, wire.ECHO_MARK_OFFSET)
             if read:
                 self.sink.marks(self.settings.dscp, forward >> 2, None if tos is None else tos >> 2)
+        self._follow_up(f, sample, data)
 
-    def _clocks(self, sent_ns: int, arrived_ns: int, hold_ns: int, echo: bytes) -> None:
-        """From an echo's stamps, when its responder stamps (wire.py): the peer's clock offset,
-        and each direction's delay: out, to the request's arrival there (its answer's stamp less
-        the hold, which starts at the kernel's arrival stamp); back, from the answer's stamp. This
+    def _follow_up(self, f: _Flow, sample: _Sample, echo: bytes) -> None:
+        """The flow's held echo, less the stretch this echo's follow-up gives it (as it is without
+        one: an older responder); this echo held in turn, for the flow's next answer, when it has
+        room for a follow-up, else observed now."""
+        if len(echo) < wire.ECHO_FOLLOW_UP_OFFSET + wire.ECHO_FOLLOW_UP.size:
+            self._observe(sample, 0.0)
+            return
+        previous, stretch = wire.ECHO_FOLLOW_UP.unpack_from(echo, wire.ECHO_FOLLOW_UP_OFFSET)  # + 1 each (0: none)
+        if f.held is not None:
+            followed_up = stretch and f.held.seq == previous - 1
+            self._observe(f.held, (stretch - 1) / 1e9 if followed_up else 0.0)
+        f.held = sample
+
+    def _observe(self, sample: _Sample, stretch: float) -> None:
+        """An echo's RTT and one-way delays to the sink, less its answer's `stretch` (seconds from
+        the responder's clock read to its send, where a follow-up said it)."""
+        rtt = max(0.0, sample.rtt - stretch)
+        if self._last_rtt is not None:
+            self._jitter += (abs(rtt - self._last_rtt) - self._jitter) * JITTER_GAIN
+            self.sink.jitter(self._jitter)
+        self._last_rtt = rtt
+        age = time.perf_counter() - sample.arrived
+        self.sink.received(rtt, age)
+        if sample.one_way is not None:
+            forward, reverse, peer_bound, clocks_apart = sample.one_way
+            self.sink.one_way(forward, reverse - stretch, peer_bound, clocks_apart, age)
+
+    def _release_held(self, now: float, everything: bool = False) -> None:
+        """Held echoes whose follow-up is overdue, as they are (all of them: `everything`)."""
+        for f in self._flows:
+            if f.held is not None and (everything or now - f.held.arrived > self._follow_up_wait):
+                self._observe(f.held, 0.0)
+                f.held = None
+
+    def _clocks(self, sent_ns: int, arrived_ns: int, hold_ns: int,
+                echo: bytes) -> tuple[float, float, float | None, float] | None:  # fmt: skip
+        """From an echo's stamps, when its responder stamps (wire.py): the peer's clock offset (to
+        the sink now), and each direction's delay (returned, with the peer's bound and how far apart
+        the clocks are at least): out, to the request's arrival there (its answer's stamp less the
+        hold, which starts at the kernel's arrival stamp); back, from the answer's stamp. This
         host's send and arrival stamps are the kernel's where the sockets give them."""
         if len(echo) < wire.ECHO_CLOCKS_OFFSET + wire.ECHO_CLOCKS.size:
-            return
+            return None
         took_ns, answered_ns = wire.ECHO_CLOCKS.unpack_from(echo, wire.ECHO_CLOCKS_OFFSET)
         if took_ns == 0:
-            return
+            return None
         # The offset as NTP's on-wire method takes it, from clock reads (as it always was here).
         offset, delay = stamps.clock_offset(sent_ns, took_ns, answered_ns, time.time_ns())
         best_delay, best_offset = self._offsets.add(delay, offset)
@@ -177,8 +225,7 @@ class EchoProber:
             peer_bound = bound_ns / 1e9 if bound_ns else None
         # The offset's own error is at most half its exchange's delay: beyond that, the clocks are apart.
         clocks_apart = max(0.0, abs(best_offset) - best_delay / 2)
-        self.sink.one_way((answered_ns - hold_ns - sent_ns) / 1e9, (arrived_ns - answered_ns) / 1e9, peer_bound,
-                          clocks_apart)  # fmt: skip
+        return (answered_ns - hold_ns - sent_ns) / 1e9, (arrived_ns - answered_ns) / 1e9, peer_bound, clocks_apart
 
     def _echoed(self, flow: int, index: int, reflected: int) -> None:
         f = self._flows[flow]
@@ -216,6 +263,7 @@ class EchoProber:
             table.popitem(last=False)
 
     def _expire(self, now: float, everything: bool = False) -> None:
+        self._release_held(now, everything)
         expired = False
         while self._outstanding:
             seq, (sent_at, flow, _) = next(iter(self._outstanding.items()))

@@ -125,14 +125,14 @@ class ReportSink:
     def __init__(self, report: RttReport):
         self.r = report
 
-    def rtt(self, seconds: float) -> None:
+    def rtt(self, seconds: float, age: float = 0.0) -> None:
         self.r.sent += 1
         self.received(seconds)
 
     def sent(self, size: int) -> None:
         self.r.sent += 1
 
-    def received(self, rtt: float) -> None:
+    def received(self, rtt: float, age: float = 0.0) -> None:
         self.r.received += 1
         self.r.rtts.append(rtt)
 
@@ -157,7 +157,8 @@ class ReportSink:
     def clock_offset(self, seconds: float) -> None:
         pass
 
-    def one_way(self, forward: float, reverse: float, peer_bound: float | None, clocks_apart: float) -> None:
+    def one_way(self, forward: float, reverse: float, peer_bound: float | None, clocks_apart: float,
+                age: float = 0.0) -> None:  # fmt: skip
         self.r.peer_bound, self.r.clocks_apart = peer_bound, clocks_apart
         if forward < 0 or reverse < 0:
             self.r.negative = True

@@ -22,6 +22,34 @@ class RttProber:
     def __init__(self, target: Target, settings: RttSettings, sink: RttSink):
         self.target, self.settings, self.sink = target, settings, sink
         self._payload = b"\x00" * settings.size_bytes
+        # Two-step (wire.RR_FOLLOW_UP): each connection's last RTT and when its answer came
+        # (perf_counter) wait for the connection's next answer, which says the responder's stretch
+        # from its clock read to its send; without it by then (or with the connection gone), as it is.
+        self._two_step = settings.size_bytes >= wire.RR_FOLLOW_UP.size
+        self._held: list[tuple[float, float] | None] = [None] * settings.flows
+        self._follow_up_wait = settings.timeout_seconds + 2 * settings.flows * settings.interval_seconds
+
+    def _release(self, flow: int, stretch: float = 0.0) -> None:
+        """The flow's held RTT to the sink, less `stretch` (seconds; its follow-up's)."""
+        held = self._held[flow]
+        if held is not None:
+            self._held[flow] = None
+            rtt, arrived = held
+            self.sink.rtt(max(0.0, rtt - stretch), time.perf_counter() - arrived)
+
+    def _release_overdue(self) -> None:
+        now = time.perf_counter()
+        for flow, held in enumerate(self._held):
+            if held is not None and now - held[1] > self._follow_up_wait:
+                self._release(flow)
+
+    def _measured(self, flow: int, rtt: float, follow_up: int) -> None:
+        """An exchange's RTT, and the follow-up its answer carries of the flow's previous one."""
+        self._release(flow, (follow_up - 1) / 1e9 if follow_up else 0.0)
+        if self._two_step:
+            self._held[flow] = (rtt, time.perf_counter())
+        else:
+            self.sink.rtt(rtt)
 
     async def run(self, count: int | None = None) -> None:
         """Probe `count` times (forever when None) at the configured interval, over
@@ -53,9 +81,10 @@ class RttProber:
                         conns[flow] = await self._connect()
                     conn = conns[flow]
                     assert conn is not None
-                    self.sink.rtt(await self._exchange(conn))
+                    self._measured(flow, *await self._exchange(conn))
                     health[flow].record(lost=False)
                 except ProbeFailure as exc:
+                    self._release(flow)  # its connection ends: nothing follows it up
                     self.sink.failure(exc.reason)
                     health[flow].record(lost=True)
                     _close(conns[flow])
@@ -65,7 +94,10 @@ class RttProber:
                     failing[flow] = not failing[flow]
                     self.sink.flows_failing(sum(failing))
                 done += 1
+                self._release_overdue()
         finally:
+            for flow in range(flows):
+                self._release(flow)
             for conn in conns:
                 _close(conn)
 
@@ -108,7 +140,8 @@ class RttProber:
             raise ProbeFailure("not_allowed", f"{t.address}:{t.port} refused this host")
         return conn
 
-    async def _exchange(self, conn: wire.Connection) -> float:
+    async def _exchange(self, conn: wire.Connection) -> tuple[float, int]:
+        """(the RTT, the answer's follow-up of the connection's previous one: wire.RR_FOLLOW_UP)."""
         size = self.settings.size_bytes
         with self._failures("response"):
             async with asyncio.timeout(self.settings.timeout_seconds):
@@ -117,7 +150,8 @@ class RttProber:
                 answer, arrived_ns = await conn.read(size + wire.HOLD.size)
                 elapsed = time.perf_counter() - start
         sent_ns = stamps.sent_time(sent_ns, conn.sent_ns, arrived_ns)
-        return stamps.network_rtt(sent_ns, arrived_ns, elapsed, wire.HOLD.unpack_from(answer, size)[0])
+        rtt = stamps.network_rtt(sent_ns, arrived_ns, elapsed, wire.HOLD.unpack_from(answer, size)[0])
+        return rtt, wire.RR_FOLLOW_UP.unpack_from(answer)[0] if self._two_step else 0
 
 
 def _close(conn: wire.Connection | None) -> None:

@@ -21,6 +21,10 @@ MAX_FLOWS = 65536
 RECEIVE_BUFFER_BYTES = 4 * 2**20
 # Linux: each datagram carries the count of datagrams the socket's full queue dropped so far.
 SO_RXQ_OVFL = 40
+# Answers whose transmit stamp is still awaited (it comes within the send itself unless queued).
+STAMPS_AWAITED = 1024
+# A flow: the prober's address and source port.
+Flow = tuple[str, int]
 
 
 class EchoResponder:
@@ -35,9 +39,15 @@ class EchoResponder:
         self.max_pps = max_pps_per_source
         self.count = count
         self._buckets: dict[str, tuple[float, float]] = {}  # source -> (tokens, last refill)
-        self._received: OrderedDict[tuple[str, int], int] = OrderedDict()  # flow -> requests received
+        self._received: OrderedDict[Flow, int] = OrderedDict()  # flow -> requests received
         self._sock: socket.socket | None = None
         self._pktinfo: list[tuple[int, int, bytes]] = []
+        # Two-step answers (wire.ECHO_FOLLOW_UP): the socket's sends counted as its transmit stamps'
+        # keys are, the answers awaiting their stamp by key, and each flow's last stamped answer.
+        self._stamping = False
+        self._sends = 0
+        self._awaited: OrderedDict[int, tuple[Flow, int, int]] = OrderedDict()  # key -> (flow, seq, clock read)
+        self._follow_ups: dict[Flow, tuple[int, int]] = {}  # flow -> (seq, stretch in ns)
 
     def datagram_received(self, data: bytes, addr: tuple[str, int], arrived_ns: int | None = None,
                           tos: int | None = None) -> None:  # fmt: skip
@@ -59,36 +69,67 @@ class EchoResponder:
         received = self._received.pop(flow, 0) + 1
         self._received[flow] = received  # most recent last: the oldest flow goes first when full
         if len(self._received) > MAX_FLOWS:
-            self._received.popitem(last=False)
-        answer = bytearray(data)
-        clocks = len(data) >= wire.ECHO_CLOCKS_OFFSET + wire.ECHO_CLOCKS.size
-        # Taken last, so that the hold covers everything but the send itself: the time from here to
-        # the packet leaving counts as the network's (with the answer built after this read it was
-        # 30 us at p50 and 0.1 ms at p99 on a busy 2-core lab host), so only two packs come between.
-        answered_ns = time.time_ns()
-        hold = max(0, answered_ns - (arrived_ns or answered_ns))
-        wire.ECHO_REFLECTED.pack_into(answer, wire.ECHO_HOLD_OFFSET, hold, received)
-        if clocks:
-            wire.ECHO_CLOCKS.pack_into(answer, wire.ECHO_CLOCKS_OFFSET, took_ns, answered_ns)
-        if len(data) >= wire.ECHO_BOUND_OFFSET + wire.ECHO_BOUND.size:
+            self._follow_ups.pop(self._received.popitem(last=False)[0], None)
+        answer, size = bytearray(data), len(data)
+        seq = wire.ECHO_HEADER.unpack_from(data)[1]
+        # Everything that does not need the answer's clock read first: the read ends the hold.
+        follows_up = self._stamping and size >= wire.ECHO_FOLLOW_UP_OFFSET + wire.ECHO_FOLLOW_UP.size
+        if follows_up:
+            previous, stretch = self._follow_ups.get(flow, (-1, -1))
+            wire.ECHO_FOLLOW_UP.pack_into(answer, wire.ECHO_FOLLOW_UP_OFFSET, previous + 1, stretch + 1)
+        if size >= wire.ECHO_BOUND_OFFSET + wire.ECHO_BOUND.size:
             bound = self.bound()
             wire.ECHO_BOUND.pack_into(answer, wire.ECHO_BOUND_OFFSET, round(bound * 1e9) if bound else 0)
         # The mark the request arrived with, reflected: in the answer, and on it.
-        if tos is not None and len(data) >= wire.ECHO_MARK_OFFSET + wire.ECHO_MARK.size:
+        ancillary = []
+        if tos is not None and size >= wire.ECHO_MARK_OFFSET + wire.ECHO_MARK.size:
             wire.ECHO_MARK.pack_into(answer, wire.ECHO_MARK_OFFSET, 1, tos)
-            self.sendto(answer, addr, [wire.tos_cmsg(addr[0], tos)])
-        else:
-            self.sendto(answer, addr)
+            ancillary.append(wire.tos_cmsg(addr[0], tos))
+        # The time from this read to the packet leaving (two packs, the send: 30 us at p50, 0.1-0.3 ms
+        # at p99 on a busy 2-core host, bench/responder_stretch.py) is not in the hold: this flow's
+        # next answer follows this one up with it, from the transmit stamp.
+        answered_ns = time.time_ns()
+        wire.ECHO_REFLECTED.pack_into(answer, wire.ECHO_HOLD_OFFSET, max(0, answered_ns - (arrived_ns or answered_ns)),
+                                      received)  # fmt: skip
+        if size >= wire.ECHO_CLOCKS_OFFSET + wire.ECHO_CLOCKS.size:
+            wire.ECHO_CLOCKS.pack_into(answer, wire.ECHO_CLOCKS_OFFSET, took_ns, answered_ns)
+        self.sendto(answer, addr, ancillary, (flow, seq, answered_ns) if follows_up else None)
 
-    def sendto(self, data: bytes | bytearray, addr: tuple[str, int],
-               ancillary: list[tuple[int, int, bytes]] | None = None) -> None:  # fmt: skip
+    def sendto(self, data: bytes | bytearray, addr: Flow, ancillary: list[tuple[int, int, bytes]] | None = None,
+               answer: tuple[Flow, int, int] | None = None) -> None:  # fmt: skip
         """Reply from the address the request was sent to (IP_PKTINFO): a host with several
         addresses (or a responder bound to 0.0.0.0) would otherwise answer from another one,
-        and the prober's connected socket would drop the answer. `ancillary`: more, e.g. its TOS."""
+        and the prober's connected socket would drop the answer. `ancillary`: more, e.g. its TOS.
+        `answer`: (flow, seq, clock read) of an answer whose transmit stamp its flow's next answer
+        follows up with."""
         if self._sock is None:
             return
-        with contextlib.suppress(OSError):  # a full buffer or a vanished route: the prober counts the loss
+        try:
             self._sock.sendmsg([data], self._pktinfo + (ancillary or []), 0, addr)
+        except OSError:  # a full buffer or a vanished route: the prober counts the loss
+            if self._stamping:  # the send may have taken a stamp key or not: count the keys from 0 again
+                stamps.enable_sent(self._sock, restart=True)
+                self._sends = 0
+                self._awaited.clear()
+            return
+        if self._stamping:
+            if answer is not None:
+                self._awaited[self._sends % 2**32] = answer
+                if len(self._awaited) > STAMPS_AWAITED:
+                    self._awaited.popitem(last=False)
+            self._sends += 1
+            # Stamped within sendmsg() unless queued: taken now, it wakes no one.
+            self._take_stamps(self._sock, most=1)
+
+    def _take_stamps(self, sock: socket.socket, most: int = 256) -> None:
+        """Each awaited answer's stretch from its clock read to its transmit stamp, as its flow's
+        next follow-up (a stamp that does not fit its answer's read belongs to another send)."""
+        for key, sent_ns in stamps.sent_times(sock, most):
+            awaited = self._awaited.pop(key, None)
+            if awaited is not None and 0 <= sent_ns - awaited[2] < wire.MAX_STRETCH_NS:
+                flow, seq, read_ns = awaited
+                if flow in self._received:
+                    self._follow_ups[flow] = (seq, sent_ns - read_ns)
 
     def _take_token(self, source: str) -> bool:
         now = time.monotonic()
@@ -122,10 +163,12 @@ class EchoResponder:
         sock.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
         wire.receive_tos(sock, host)
         stamps.enable(sock)
+        self._stamping = stamps.enable_sent(sock)
         self._sock = sock
         asyncio.get_running_loop().add_reader(sock, self._read, sock)
 
     def _read(self, sock: socket.socket) -> None:
+        self._take_stamps(sock)  # while stamps wait on its error queue, the socket polls readable
         for _ in range(64):
             try:
                 data, ancdata, _, addr = sock.recvmsg(

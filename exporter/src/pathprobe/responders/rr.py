@@ -45,7 +45,7 @@ class RrResponder:
     async def _handle(self, sock: socket.socket, source: str) -> None:
         try:
             wire.tune(sock)
-            conn = wire.Connection(sock)
+            conn = wire.Connection(sock, stamp_sends=True)
         except OSError:
             sock.close()
             return
@@ -80,6 +80,8 @@ class RrResponder:
             return
         self.count("accepted")
         await _write(conn, b"Y")
+        follows_up = size >= wire.RR_FOLLOW_UP.size
+        answered_ns: int | None = None  # the previous answer's clock read
         while True:
             async with asyncio.timeout(IDLE_TIMEOUT):
                 request, arrived_ns = await conn.read(size)
@@ -89,18 +91,26 @@ class RrResponder:
                 self.count("revoked")
                 return
             answer = bytearray(request + wire.HOLD.pack(0))
-            # Taken last, so that the hold covers everything but the send itself (as the echo's).
-            wire.HOLD.pack_into(answer, size, max(0, time.time_ns() - arrived_ns))
+            if follows_up:  # the previous answer's stretch from its clock read to its transmit stamp
+                sent_ns = conn.sent_ns
+                stretch = sent_ns - answered_ns if sent_ns is not None and answered_ns is not None else -1
+                wire.RR_FOLLOW_UP.pack_into(answer, 0, stretch + 1 if 0 <= stretch < wire.MAX_STRETCH_NS else 0)
+            # Taken last, so that the hold covers everything but the send (the next answer follows
+            # this one up with that, as the echo's do).
+            answered_ns = time.time_ns()
+            wire.HOLD.pack_into(answer, size, max(0, answered_ns - arrived_ns))
             await _write(conn, answer)
 
 
 async def _write(conn: wire.Connection, data: bytes | bytearray) -> None:
     """Send `data`: at once when the socket takes it all (an answer's usual case, with nothing
-    between the hold's clock read and the send), else the rest within WRITE_TIMEOUT."""
+    between the hold's clock read and the send), else the rest within WRITE_TIMEOUT. Its transmit
+    stamp comes within the send unless queued: taken now, it wakes no one."""
     sent = conn.send_now(data)
     if sent < len(data):
         async with asyncio.timeout(WRITE_TIMEOUT):
             await conn.write(data[sent:])
+    conn.take_sent_stamps(most=1)
 
 
 class RrServer:
