@@ -20,6 +20,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
@@ -177,9 +178,17 @@ def per_path_firing(prom: str) -> int:
     return int(float(found[0]["value"][1])) if found else 0
 
 
-def firing_notifications(log: Path, seen: int) -> list[str]:
-    return [describe(a["labels"]) for line in log.read_text().splitlines()[seen:]
+def firing_notifications(log: Path, seen: int) -> list[tuple[str, float]]:
+    """Each firing alert of the notifications after the first `seen`, with when it started firing
+    (Unix time, from Alertmanager's startsAt)."""
+    return [(describe(a["labels"]), started(a["startsAt"])) for line in log.read_text().splitlines()[seen:]
             for a in json.loads(line)["alerts"] if a["status"] == "firing"]  # fmt: skip
+
+
+def started(rfc3339: str) -> float:
+    """Alertmanager's time stamp (nanoseconds, "Z") as Unix time."""
+    whole, _, fraction = rfc3339.removesuffix("Z").partition(".")
+    return datetime.fromisoformat(whole).replace(tzinfo=UTC).timestamp() + float(f"0.{fraction or 0}")
 
 
 def quiet(prom: str, am: str, before: set[str]) -> bool:
@@ -211,7 +220,7 @@ def one_fault(prom: str, am: str, log: Path, rotation: float, fault: tuple[str, 
                                                      params.evaluation_interval))  # fmt: skip
     print(f"{name} ...", flush=True)
     seen = len(log.read_text().splitlines())
-    start = time.monotonic()
+    start, fault_at = time.monotonic(), time.time()
     restore = cause(prom)
     named: set[str] = set()
     stray_causes: dict[str, str] = {}
@@ -248,9 +257,14 @@ def one_fault(prom: str, am: str, log: Path, rotation: float, fault: tuple[str, 
     holding, behind = held(am) - before, per_path_firing(prom) - len(before)
     look()
     restore()
-    phase = "restored"
+    phase, restored_at = "restored", time.time()
     to_quiet = wait("quiet", quieted, 6 * rotation)
-    notified = [n for n in firing_notifications(log, seen) if n not in before]
+    notifications = [(n, at) for n, at in firing_notifications(log, seen) if n not in before]
+    notified = [n for n, _ in notifications]
+    for n, at in sorted(set(notifications), key=lambda na: na[1]):
+        if warning_form(n) != want:  # when an alert besides the culprit's started firing
+            when = f"restored +{at - restored_at:.0f} s" if at > restored_at else f"fault +{at - fault_at:.0f} s"
+            print(f"  notified {n}: firing since {when}", flush=True)
     # A culprit's warning or critical form (...Degraded, ...Failing): how far below the shaping puts a
     # test decides which.
     ok = (to_page is not None and {warning_form(h) for h in holding} == {want}
