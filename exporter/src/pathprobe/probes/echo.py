@@ -59,8 +59,8 @@ class LeastDelayed:
 
 @dataclass(slots=True)
 class _Sample:
-    """An echo's figures, held for the follow-up of a two-step responder (wire.ECHO_FOLLOW_UP):
-    its answer's stretch from the responder's clock read to its send is the network's neither."""
+    """An echo's figures, held until the flow's next answer follows it up (wire.ECHO_FOLLOW_UP)
+    with how long the responder took from its clock read to its send: time that is not the network's."""
 
     seq: int
     arrived: float  # perf_counter
