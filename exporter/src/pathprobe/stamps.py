@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import socket
 import struct
+from collections import OrderedDict
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 SO_TIMESTAMPNS = 35  # Linux (x86, arm); the socket module does not name these
 TIMESPEC = struct.Struct("=qq")
@@ -72,6 +76,34 @@ def sent_times(sock: socket.socket, most: int = 256) -> list[tuple[int, int]]:
         if when and key is not None:
             found.append((key, when))
     return found
+
+
+class AwaitedStamps(Generic[T]):
+    """A datagram socket's sends whose transmit stamp is awaited, by the key the stamp will carry
+    (the socket's sends counted from 0): the newest `kept` of them. A send refused for a full
+    buffer may still use a key; the sends after it then get stamps that do not fit (their
+    callers check the time)."""
+
+    def __init__(self, kept: int) -> None:
+        self.kept, self._sends = kept, 0
+        self._by_key: OrderedDict[int, T] = OrderedDict()
+
+    def sent(self, item: T | None) -> None:
+        """A send done: `item` awaits its stamp (None: a send whose stamp nobody needs)."""
+        if item is not None:
+            self._by_key[self._sends % 2**32] = item
+            if len(self._by_key) > self.kept:
+                self._by_key.popitem(last=False)
+        self._sends += 1
+
+    def stamped(self, key: int) -> T | None:
+        """The item whose send the stamp with `key` is of, if it is still awaited."""
+        return self._by_key.pop(key, None)
+
+    def restart(self) -> None:
+        """Keys counted from 0 again (enable_sent(restart=True))."""
+        self._by_key.clear()
+        self._sends = 0
 
 
 def sent_time(read_ns: int, kernel_ns: int | None, arrived_ns: int) -> int:

@@ -77,9 +77,7 @@ class _Flow:
         self.newest = 0  # the highest flow index (1-based) echoed so far
         self.reflected = 0  # the responder's received count in that echo
         self.health = FlowHealth()
-        # Transmit stamps' keys (the socket's sends counted from 0) -> seq, of recent sends.
-        self.stamp_keys: OrderedDict[int, int] = OrderedDict()
-        self.next_key = 0
+        self.stamps: stamps.AwaitedStamps[int] = stamps.AwaitedStamps(STAMP_KEYS_KEPT)  # seqs sent
         self.held: _Sample | None = None  # the last echo's, until the next answer follows it up
 
 
@@ -109,9 +107,9 @@ class EchoProber:
     def _take_sent_stamps(self, sock: socket.socket, flow: int, most: int = 256) -> None:
         """A flow's transmit stamps (up to `most`), each to the packet in flight it stamps."""
         if self._stamping:
-            keys = self._flows[flow].stamp_keys
+            awaited = self._flows[flow].stamps
             for key, when in stamps.sent_times(sock, most):
-                seq = keys.pop(key, None)
+                seq = awaited.stamped(key)
                 if seq is not None and seq in self._outstanding:
                     self._sent_ns[seq] = when
 
@@ -288,15 +286,6 @@ class EchoProber:
         self._index.pop(seq - self._memory, None)
         return flow
 
-    def _stamped(self, flow: int, seq: int) -> None:
-        """Note the key that packet `seq`'s transmit stamp will carry. A send refused for a full
-        buffer may still use a key; the packets after it then get none that fits (sent_time)."""
-        f = self._flows[flow]
-        f.stamp_keys[f.next_key % 2**32] = seq
-        f.next_key += 1
-        if len(f.stamp_keys) > STAMP_KEYS_KEPT:
-            f.stamp_keys.popitem(last=False)
-
     def _open(self) -> list[socket.socket] | None:
         """One connected socket per flow (the kernel gives each its own source port)."""
         t = self.target
@@ -340,7 +329,7 @@ class EchoProber:
                 flow = self.track(self._seq, now)
                 try:
                     socks[flow].send(wire.echo_packet(self._seq, size, time.time_ns()))
-                    self._stamped(flow, self._seq)
+                    self._flows[flow].stamps.sent(self._seq)  # a stamp that does not fit: sent_time
                     # Stamped within send() unless queued: taken now, it wakes no one (wire.Connection.write);
                     # one read, not one more to find the queue empty.
                     self._take_sent_stamps(socks[flow], flow, most=1)

@@ -42,11 +42,10 @@ class EchoResponder:
         self._received: OrderedDict[Flow, int] = OrderedDict()  # flow -> requests received
         self._sock: socket.socket | None = None
         self._pktinfo: list[tuple[int, int, bytes]] = []
-        # Two-step answers (wire.ECHO_FOLLOW_UP): the socket's sends counted as its transmit stamps'
-        # keys are, the answers awaiting their stamp by key, and each flow's last stamped answer.
+        # Two-step answers (wire.ECHO_FOLLOW_UP): the answers awaiting their transmit stamp, as
+        # (flow, seq, clock read), and each flow's last stamped answer.
         self._stamping = False
-        self._sends = 0
-        self._awaited: OrderedDict[int, tuple[Flow, int, int]] = OrderedDict()  # key -> (flow, seq, clock read)
+        self._awaited: stamps.AwaitedStamps[tuple[Flow, int, int]] = stamps.AwaitedStamps(STAMPS_AWAITED)
         self._follow_ups: dict[Flow, tuple[int, int]] = {}  # flow -> (seq, stretch in ns)
 
     def datagram_received(self, data: bytes, addr: tuple[str, int], arrived_ns: int | None = None,
@@ -85,9 +84,9 @@ class EchoResponder:
         if tos is not None and size >= wire.ECHO_MARK_OFFSET + wire.ECHO_MARK.size:
             wire.ECHO_MARK.pack_into(answer, wire.ECHO_MARK_OFFSET, 1, tos)
             ancillary.append(wire.tos_cmsg(addr[0], tos))
-        # The time from this read to the packet leaving (two packs, the send: 30 us at p50, 0.1-0.3 ms
-        # at p99 on a busy 2-core host, bench/responder_stretch.py) is not in the hold: this flow's
-        # next answer follows this one up with it, from the transmit stamp.
+        # The time from this read to the packet leaving (two packs, the send: 13 us at p50, 26 us at
+        # p99 on a quiet host, 120 us at p99 under the lab's load: bench/responder_stretch.py) is
+        # not in the hold: this flow's next answer follows this one up with it, from the stamp.
         answered_ns = time.time_ns()
         wire.ECHO_REFLECTED.pack_into(answer, wire.ECHO_HOLD_OFFSET, max(0, answered_ns - (arrived_ns or answered_ns)),
                                       received)  # fmt: skip
@@ -109,15 +108,10 @@ class EchoResponder:
         except OSError:  # a full buffer or a vanished route: the prober counts the loss
             if self._stamping:  # the send may have taken a stamp key or not: count the keys from 0 again
                 stamps.enable_sent(self._sock, restart=True)
-                self._sends = 0
-                self._awaited.clear()
+                self._awaited.restart()
             return
         if self._stamping:
-            if answer is not None:
-                self._awaited[self._sends % 2**32] = answer
-                if len(self._awaited) > STAMPS_AWAITED:
-                    self._awaited.popitem(last=False)
-            self._sends += 1
+            self._awaited.sent(answer)
             # Stamped within sendmsg() unless queued: taken now, it wakes no one.
             self._take_stamps(self._sock, most=1)
 
@@ -125,7 +119,7 @@ class EchoResponder:
         """Each awaited answer's stretch from its clock read to its transmit stamp, as its flow's
         next follow-up (a stamp that does not fit its answer's read belongs to another send)."""
         for key, sent_ns in stamps.sent_times(sock, most):
-            awaited = self._awaited.pop(key, None)
+            awaited = self._awaited.stamped(key)
             if awaited is not None and 0 <= sent_ns - awaited[2] < wire.MAX_STRETCH_NS:
                 flow, seq, read_ns = awaited
                 if flow in self._received:
