@@ -81,6 +81,15 @@ def test_a_rate_that_keeps_moving_never_converges_until_the_end() -> None:
     assert final is not None and 300e6 <= final <= 400e6
 
 
+def test_a_test_that_delivers_nothing_never_settles() -> None:
+    # Its server busy with another client: only the control connection's bytes, then nothing. A flat
+    # zero is no steady rate (it once stopped such a test at once as "0 bit/s, settled").
+    d = Detector()
+    assert all(d.rate(ramp([0.0] * n), 0.001) is None for n in range(1, 61))
+    assert d.rate(ramp([0.0] * 60), 0.001, final=True) == 0.0
+    assert d.rate(ramp([0.0] * 30 + [200e6] * 30), 0.001) == pytest.approx(200e6)
+
+
 STAND_IN = """#!/bin/sh
 # Prints iperf3-like interval lines every 0.1 s at the rates given; stops on SIGINT as iperf3 does.
 trap 'echo "- - - -"; echo "[  5]   0.00-$t   sec  1 MBytes  1 Kbits/sec    0   sender"; exit 1' INT

@@ -97,7 +97,11 @@ class Detector:
         earlier = mean_rate(intervals, end - 2 * w, end - w)
         if recent is None or earlier is None:
             return recent if final else None
-        if final or abs(recent - earlier) <= self.tolerance * max(recent, earlier):
+        if final:
+            return (recent + earlier) / 2
+        # Nothing moving is no steady rate: a test whose data has not started (its server still busy
+        # with another client: only the control connection's few bytes delivered) runs on to its end.
+        if min(recent, earlier) > 0 and abs(recent - earlier) <= self.tolerance * max(recent, earlier):
             return (recent + earlier) / 2
         return None
 
