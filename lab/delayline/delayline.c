@@ -72,11 +72,14 @@ struct path {
 	size_t heap_pos; /* index in the due heap, or SIZE_MAX when nothing is held */
 };
 
-/* Counted for the log (printed on SIGUSR1 and SIGTERM): how late releases are is the delay's error. */
+/* Counted for the log (printed on SIGUSR1 and SIGTERM): how late releases are is the delay's error,
+ * apart for the prompt queues (short delays: the probes of the lab's near paths, whose RTT tail it
+ * is) and the lazy ones. */
 #define LATE_BUCKETS 101 /* 10 us each; the last one is 1 ms and more */
+enum { PROMPT, LAZY };
 static struct {
 	uint64_t packets, reads, wakeups, verdicts;
-	uint64_t late[LATE_BUCKETS];
+	uint64_t late[2][LATE_BUCKETS];
 } stats;
 static volatile sig_atomic_t report_asked, stop_asked;
 
@@ -205,10 +208,10 @@ static bool read_queue(struct path *p)
 	return n == BATCH;
 }
 
-static void count_late(uint64_t late_ns)
+static void count_late(const struct path *p, uint64_t late_ns)
 {
 	uint64_t bucket = late_ns / 10000;
-	stats.late[bucket < LATE_BUCKETS ? bucket : LATE_BUCKETS - 1]++;
+	stats.late[p->delay_ns < LAZY_DELAY_NS ? PROMPT : LAZY][bucket < LATE_BUCKETS ? bucket : LATE_BUCKETS - 1]++;
 }
 
 /* Accepts every due packet; returns the monotonic time the next one is due, or 0. */
@@ -218,7 +221,7 @@ static uint64_t release_due(uint64_t now)
 	while (heap_len && head_due(heap[0]) <= now) {
 		struct path *p = heap[0];
 		uint32_t last = 0;
-		count_late(now - head_due(p)); /* the earliest released packet is the latest one */
+		count_late(p, now - head_due(p)); /* the earliest released packet is the latest one */
 		while (p->count && p->ring[p->head].due_ns <= now) {
 			last = p->ring[p->head].id;
 			p->head = (p->head + 1) & (p->cap - 1);
@@ -243,22 +246,37 @@ static uint64_t release_due(uint64_t now)
 	return heap_len ? head_due(heap[0]) : 0;
 }
 
+/* The upper bounds (us) of the buckets holding the p50 and the p99 of `kinds` of late counts. */
+static void late_quantiles(const int *kinds, int nkinds, uint64_t *p50, uint64_t *p99)
+{
+	uint64_t releases = 0, seen = 0;
+	*p50 = *p99 = 0;
+	for (int k = 0; k < LATE_BUCKETS; k++)
+		for (int i = 0; i < nkinds; i++)
+			releases += stats.late[kinds[i]][k];
+	for (int k = 0; k < LATE_BUCKETS && releases; k++) {
+		for (int i = 0; i < nkinds; i++)
+			seen += stats.late[kinds[i]][k];
+		if (!*p50 && seen * 2 >= releases)
+			*p50 = (uint64_t)(k + 1) * 10;
+		if (!*p99 && seen * 100 >= releases * 99)
+			*p99 = (uint64_t)(k + 1) * 10;
+	}
+}
+
 static void print_stats(void)
 {
-	uint64_t releases = 0, seen = 0, p50 = 0, p99 = 0;
-	for (int k = 0; k < LATE_BUCKETS; k++)
-		releases += stats.late[k];
-	for (int k = 0; k < LATE_BUCKETS; k++) {
-		seen += stats.late[k];
-		if (!p50 && seen * 2 >= releases)
-			p50 = (uint64_t)(k + 1) * 10;
-		if (!p99 && seen * 100 >= releases * 99)
-			p99 = (uint64_t)(k + 1) * 10;
-	}
+	static const int all[] = {PROMPT, LAZY}, prompt[] = {PROMPT}, lazy[] = {LAZY};
+	uint64_t p50, p99, prompt50, prompt99, lazy50, lazy99;
+	late_quantiles(all, 2, &p50, &p99);
+	late_quantiles(prompt, 1, &prompt50, &prompt99);
+	late_quantiles(lazy, 1, &lazy50, &lazy99);
 	fprintf(stderr,
 		"delay line: %" PRIu64 " packets in %" PRIu64 " reads, %" PRIu64 " wake-ups, %" PRIu64
-		" verdicts; releases late by at most %" PRIu64 " us at p50, %" PRIu64 " us at p99\n",
-		stats.packets, stats.reads, stats.wakeups, stats.verdicts, p50, p99);
+		" verdicts; releases late by at most %" PRIu64 " us at p50, %" PRIu64 " us at p99 (delays under %d ms: %"
+		PRIu64 " and %" PRIu64 " us; longer: %" PRIu64 " and %" PRIu64 " us)\n",
+		stats.packets, stats.reads, stats.wakeups, stats.verdicts, p50, p99, LAZY_DELAY_NS / 1000000, prompt50,
+		prompt99, lazy50, lazy99);
 }
 
 /* Binds one queue on its own socket and waits for the kernel's ack. */

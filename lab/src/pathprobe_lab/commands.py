@@ -89,7 +89,7 @@ def _add_demo(sub: Any) -> None:
     d.add_argument("--topology")
     d.add_argument("--prometheus-port", type=int, default=19090)
     d.add_argument("--alertmanager-port", type=int, default=19093)
-    d.add_argument("--slot-seconds", type=float, default=40)
+    d.add_argument("--slot-seconds", type=float, default=demo.SLOT_SECONDS)
     d.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0: until Ctrl-C)")
     d.add_argument("--workdir", default="/var/tmp/pathprobe-demo")
     d.add_argument(

@@ -34,6 +34,8 @@ from .configs import LAB_EVALUATION_INTERVAL, exporter_config, lab_alert_params,
 from .state import LabError, State, in_ns, ns, spawn
 
 WEBHOOK_PORT = 19099
+# The demo's slot (--slot-seconds): a 120 s rotation of the default lab's four hosts.
+SLOT_SECONDS = 40.0
 
 
 def binary(*names: str) -> str:
