@@ -72,7 +72,11 @@ def throughput_rows() -> list[list[str]]:
     rows = []
     for rate, one_way in ((200e6, 0), (500e6, 0), (1e9, 0), (2e9, 0), (500e6, 0.004), (500e6, 0.037)):
         shape(rate, one_way)
-        pp = json.loads(in_src([*PATHPROBE, "probe", "throughput", DST, "-t", "4", "-O", "1", "-P", "4", "--json"]))
+        pp = json.loads(
+            in_src(
+                [*PATHPROBE, "probe", "throughput", DST, "-t", "4", "-O", "1", "-P", "4", "--fixed-length", "--json"]
+            )
+        )
         ip = json.loads(in_src(["iperf3", "-c", DST, "-t", "4", "-O", "1", "-P", "4", "-J"]))
         got = pp["receiver_bytes_per_second"] * 8
         plain = ip["end"]["sum_received"]["bits_per_second"]

@@ -38,7 +38,23 @@ def build(p: Params) -> Dashboard:
         .with_panel(series(
             "Retransmits per test", "TCP retransmits in the last test (sender side).", "short",
             query(f"pathprobe_throughput_retransmits{{{sel}}}", "{{host}} -> {{peer}} x{{streams}} {{direction}}"),
-            span=FULL))
+            span=THIRD))
+        .with_panel(series(
+            "Test length",
+            "How long the last test ran: a TCP test stops once its rate has settled (throughput.steady_state), "
+            "so a test as long as its duration_seconds either never settled or is a fixed-length one.",
+            "s",
+            query(f"pathprobe_throughput_test_duration_seconds{{{sel}}}",
+                  "{{host}} -> {{peer}} {{protocol}} x{{streams}} {{direction}}"),
+            span=THIRD))
+        .with_panel(series(
+            "Settled",
+            "1: the last test stopped at a settled rate; 0: it never settled and ran to its maximum, its rate "
+            "that of its last two windows (a rate that kept moving: competing traffic, loss bursts). No line for "
+            "fixed-length tests (UDP, or steady state off).",
+            "short",
+            query(f"pathprobe_throughput_converged{{{sel}}}", "{{host}} -> {{peer}} x{{streams}} {{direction}}"),
+            span=THIRD))
         .with_row(Row("RTT"))
         .with_panel(series(
             "RTT idle: p50, p90, p99",

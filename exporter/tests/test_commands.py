@@ -3,8 +3,11 @@
 import subprocess
 import sys
 
+import pytest
+
 from pathprobe.commands import build_parser
-from pathprobe.config import LossSettings, Responders, RttSettings, default
+from pathprobe.commands.common import detector
+from pathprobe.config import LossSettings, Responders, RttSettings, SteadyStateSettings, default
 
 
 def test_a_bad_probe_setting_names_the_option_and_exits_2() -> None:
@@ -25,6 +28,19 @@ def test_the_cli_defaults_are_the_config_models() -> None:
     assert (loss.size, loss.flows) == (default(LossSettings, "size_bytes"), default(LossSettings, "flows"))
     serve = parser.parse_args(["serve"])
     assert serve.rr_max_connections_per_source == default(Responders, "rr_max_connections_per_source")
+
+
+@pytest.mark.parametrize("verb", [["probe", "throughput", "h"], ["capacity", "h"]])
+def test_tcp_tests_stop_at_their_steady_state_unless_asked_for_fixed_length(verb: list[str]) -> None:
+    parser = build_parser()
+    assert default(SteadyStateSettings, "enabled") is True
+    assert detector(parser.parse_args(verb)) is not None
+    assert detector(parser.parse_args([*verb, "--steady-state"])) is not None
+    assert detector(parser.parse_args([*verb, "--fixed-length"])) is None
+    with pytest.raises(SystemExit):  # one or the other
+        parser.parse_args([*verb, "--steady-state", "--fixed-length"])
+    # `plan` follows the config unless told.
+    assert parser.parse_args(["plan", "--config", "c"]).steady_state is None
 
 
 def test_a_prometheus_config_missing_what_its_layout_needs_is_exit_2() -> None:

@@ -29,9 +29,9 @@ def config(**extra: Any) -> dict[str, Any]:
 
 
 def test_the_budget_sets_the_slot() -> None:
-    p = plan(Config.model_validate(config()))
+    p = plan(Config.model_validate(config()), steady_state=False)
     # Three members: a round-robin of three rounds (one bye each); the default tests, TCP x1 and x8,
-    # of 1 + 5 s each: per rotation 2 x 6 s at 2 Gbit/s and 2 x 6 s at 1 Gbit/s.
+    # at fixed length, 1 + 5 s each: per rotation 2 x 6 s at 2 Gbit/s and 2 x 6 s at 1 Gbit/s.
     assert p.rounds == 3
     assert len(p.tests) == 4 and {t.seconds for t in p.tests} == {6.0}
     assert p.bytes_per_rotation == pytest.approx(2 * 6 * (2 + 1) * GBIT / 8)  # 4.5 GB
@@ -48,14 +48,15 @@ def test_the_budget_sets_the_slot() -> None:
 
 def test_steady_state_tests_are_planned_at_their_measured_length_udp_at_full_length() -> None:
     cfg = Config.model_validate(config(probes={"throughput": {"protocols": ["tcp", "udp"], "streams": [1]}}))
-    fixed, steady = plan(cfg), plan(cfg, steady_state=True)
+    fixed, steady = plan(cfg, steady_state=False), plan(cfg, steady_state=True)
     assert {(t.test.protocol, t.seconds) for t in fixed.tests} == {("tcp", 6.0), ("udp", 6.0)}
     assert {(t.test.protocol, t.seconds) for t in steady.tests} == {("tcp", STEADY_STATE_SECONDS), ("udp", 6.0)}
     assert steady.within_budget().slot_seconds < fixed.within_budget().slot_seconds
-    # As the config says when neither is asked for.
-    on = Config.model_validate(config(probes={"throughput": {"steady_state": {"enabled": True}}}))
-    assert {t.seconds for t in plan(on).tests} == {STEADY_STATE_SECONDS}
-    assert {t.seconds for t in plan(on, steady_state=False).tests} == {6.0}
+    # As the config says when neither is asked for: steady state by default, fixed length if it says so.
+    assert {t.seconds for t in plan(Config.model_validate(config())).tests} == {STEADY_STATE_SECONDS}
+    off = Config.model_validate(config(probes={"throughput": {"steady_state": {"enabled": False}}}))
+    assert {t.seconds for t in plan(off).tests} == {6.0}
+    assert {t.seconds for t in plan(off, steady_state=True).tests} == {STEADY_STATE_SECONDS}
 
 
 def test_a_large_budget_leaves_the_slot_its_tests_need_and_none_fits_no_test() -> None:

@@ -29,11 +29,10 @@ from ..files import write_atomic
 from ..limits import ADV_WIN_SCALE_DEFAULT, SEND_SHARE, expected, host_buffer_max, kernel_window_share, window_share
 from ..probes import EchoProber, ProbeFailure, RttProber, Target, ThroughputProber, ThroughputTest
 from ..probes.report import ReportSink, RttReport, Summary
-from ..probes.steady import Detector
 from ..promql import query
 from ..report import html_report
 from ..units import parse_duration, parse_quantity
-from .common import add_clock_option, own_clock_bound
+from .common import add_clock_option, add_length_options, detector, own_clock_bound
 
 EXIT_REFUSED = 2
 BUSY_RETRIES = 5
@@ -45,11 +44,7 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--streams", default="1,4,8,16,32,64", help="comma-separated stream counts")
     c.add_argument("--duration", type=float, default=5, help="seconds per test")
     c.add_argument("--omit", type=float, default=1, help="seconds of slow start left out of each test")
-    c.add_argument(
-        "--steady-state",
-        action="store_true",
-        help="TCP: stop each test once its rate has settled (--duration is then its most): fewer bytes",
-    )
+    add_length_options(c, "TCP tests", default(SteadyStateSettings, "enabled"))
     c.add_argument("--protocol", choices=["tcp", "udp"], default="tcp")
     c.add_argument("--bitrate", default="1G", help="UDP: total target rate per test, bits/s")
     c.add_argument("--reverse", action="store_true", help="measure target -> this host")
@@ -282,7 +277,7 @@ def measure_one_way(target: str, port: int, clock: ClockSettings, review: Review
 async def sweep(args: argparse.Namespace, streams: list[int], bitrate: float, rtt: float | None) -> list[Row]:
     rows = []
     interface = ena.interface("")  # the ENA allowance counters of the default route's interface
-    steady = Detector.of(SteadyStateSettings()) if args.steady_state else None
+    steady = detector(args)
     for n in streams:
         test = ThroughputTest(args.protocol, n, "receive" if args.reverse else "send", args.duration, args.omit,
                               udp_bitrate=bitrate, steady_state=steady, rtt_hint_seconds=rtt)  # fmt: skip

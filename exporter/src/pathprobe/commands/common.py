@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 from ..clock import ClockErrorBound
-from ..config import ClockSettings
+from ..config import ClockSettings, SteadyStateSettings
 from ..files import write_atomic
+from ..probes.steady import Detector
 from ..units import parse_quantity
 
 EXIT_PROBE_FAILED = 1
@@ -32,6 +33,33 @@ def quantity(text: str | None, what: str) -> float | None:
         return parse_quantity(text, what)
     except ValueError as exc:
         raise SystemExit(f"pathprobe: {exc}") from exc
+
+
+def add_length_options(parser: argparse.ArgumentParser, what: str, default: bool | None) -> None:
+    """--steady-state / --fixed-length: whether `what` (TCP tests) stop once their rate has settled
+    (their duration then their most) or run their full duration; `default` when neither is given
+    (None: as the config says)."""
+
+    def marked(flag: bool) -> str:
+        return " (the default)" if default is flag else " (default: as the config says)" if default is None else ""
+
+    lengths = parser.add_mutually_exclusive_group()
+    lengths.add_argument("--steady-state", dest="steady_state", action="store_const", const=True,
+                         help=f"{what} stop once their rate has settled; their duration is then their most"
+                              + marked(True))  # fmt: skip
+    lengths.add_argument(
+        "--fixed-length",
+        dest="steady_state",
+        action="store_const",
+        const=False,
+        help=f"{what} run their full duration, slow start omitted" + marked(False),
+    )
+    parser.set_defaults(steady_state=default)
+
+
+def detector(args: argparse.Namespace) -> Detector | None:
+    """The steady-state detector with the config's defaults, or None for fixed-length tests."""
+    return Detector.of(SteadyStateSettings()) if args.steady_state else None
 
 
 def add_clock_option(parser: argparse.ArgumentParser, what: str) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from .. import config
 from ..plan import Cadence, plan
+from .common import add_length_options
 
 
 def add_parser(sub: Any) -> None:
@@ -20,11 +21,7 @@ def add_parser(sub: Any) -> None:
         "of its hosts' plans.",
     )
     p.add_argument("--config", required=True, help="the exporter's config file")
-    tests = p.add_mutually_exclusive_group()
-    tests.add_argument("--steady-state", dest="steady_state", action="store_const", const=True,
-                       help="plan TCP tests as stopping at their steady state, whatever the config says")  # fmt: skip
-    tests.add_argument("--fixed-length", dest="steady_state", action="store_const", const=False,
-                       help="plan TCP tests as running their full length, whatever the config says")  # fmt: skip
+    add_length_options(p, "the planned TCP tests", None)
     p.set_defaults(func=cmd_plan)
 
 

@@ -25,10 +25,17 @@ from ..config import (
 )
 from ..probes import EchoProber, MtuProber, ProbeFailure, RttProber, Target, ThroughputProber, ThroughputTest
 from ..probes.report import ReportSink, RttReport, Summary, describe_one_way
-from ..probes.steady import Detector
 from ..probes.throughput import ThroughputResult
 from ..units import format_bits, format_seconds
-from .common import EXIT_BAD_INPUT, EXIT_PROBE_FAILED, add_clock_option, own_clock_bound, quantity
+from .common import (
+    EXIT_BAD_INPUT,
+    EXIT_PROBE_FAILED,
+    add_clock_option,
+    add_length_options,
+    detector,
+    own_clock_bound,
+    quantity,
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -50,16 +57,12 @@ def _add_throughput(probe: Any) -> None:
     t.add_argument("--congestion", "-C", choices=["cubic", "bbr", "reno"])
     t.add_argument("--window", "-w", help="socket buffer size, bytes (e.g. 4Mi)")
     t.add_argument("--iperf3", default=default(Iperf3Settings, "binary"), help="iperf3 binary")
-    t.add_argument(
-        "--steady-state",
-        action="store_true",
-        help="TCP: stop once the rate has settled; --duration is then the most it runs",
-    )
+    add_length_options(t, "TCP tests", default(SteadyStateSettings, "enabled"))
     t.add_argument(
         "--rtt-hint",
         type=float,
         metavar="SECONDS",
-        help="the path's RTT, for --steady-state's window (default: its shortest window)",
+        help="the path's RTT, for the steady-state window (default: its shortest window)",
     )
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=cmd_throughput)
@@ -143,7 +146,7 @@ def cmd_throughput(args: argparse.Namespace) -> int:
         omit_seconds=args.omit, congestion=args.congestion,
         udp_bitrate=quantity(args.bitrate, "--bitrate") or default(ThroughputSettings, "udp_bitrate"),
         window_bytes=int(window) if window else None,
-        steady_state=Detector.of(SteadyStateSettings()) if args.steady_state else None, rtt_hint_seconds=args.rtt_hint,
+        steady_state=detector(args), rtt_hint_seconds=args.rtt_hint,
         binary=args.iperf3,
     )  # fmt: skip
     try:

@@ -24,6 +24,15 @@ BINDING = (
     "streams='%s',direction='%s'}\" $labels.instance $labels.peer $labels.protocol $labels.streams "
     '$labels.direction | query }}{{ . | first | label "limit" }}{{ end }}'
 )
+# Whether the last test of an alert's path stopped at a settled rate (a steady-state test) or ran
+# to its maximum; nothing for a fixed-length test (the series is absent).
+CONVERGED = (
+    "{{ with printf \"pathprobe_throughput_converged{instance='%s',peer='%s',protocol='%s',streams='%s',"
+    "direction='%s'}\" $labels.instance $labels.peer $labels.protocol $labels.streams $labels.direction | query }}"
+    "{{ if eq (. | first | value) 1.0 }} The last test stopped at a settled rate.{{ else }} The last test never "
+    "settled: it ran to its maximum length, and its rate is that of its last two windows (the path's rate "
+    "varies).{{ end }}{{ end }}"
+)
 
 # One exporter: its target labels.
 HOST = "job, instance, host, region"
@@ -425,12 +434,12 @@ def _throughput_alerts(p: Params) -> list[Alert]:
                f"max_over_time({ratio}[{p.throughput_window}]) < {p.throughput_ratio_warning:g}\n{two_tests}",
                "warning", "Path throughput below its expected limit.",
                f"{test_text}: every test in the last {p.throughput_window} reached at most "
-               "{{ $value | humanizePercentage }} of expected (binding limit: " + BINDING + ")."),
+               "{{ $value | humanizePercentage }} of expected (binding limit: " + BINDING + ")." + CONVERGED),
         Alert("PathprobeThroughputFarBelowExpected",
                f"max_over_time({ratio}[{p.throughput_window}]) < {p.throughput_ratio_critical:g}\n{two_tests}",
                "critical", "Path throughput far below its expected limit.",
                f"{test_text}: every test in the last {p.throughput_window} reached at most "
-               "{{ $value | humanizePercentage }} of expected (binding limit: " + BINDING + ")."),
+               "{{ $value | humanizePercentage }} of expected (binding limit: " + BINDING + ")." + CONVERGED),
         Alert("PathprobeTransitGatewayNearLimit",
                f'{ratio}{{path_class="transit_gateway"}} > {p.tgw_utilisation_warning:g}\n'
                f'and ignoring (limit) pathprobe_throughput_expected_bytes_per_second{{{sel}, limit="transit_gateway"}}',
