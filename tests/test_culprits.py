@@ -119,8 +119,9 @@ def _counter(per_minute: float, faulty_per_minute: float) -> str:
 def input_series(paths: list[Path_], fault: dict[Path_, tuple[str, float]], down: str = "") -> list[dict[str, str]]:
     """Every path's peer_info and its signals: idle UDP echoes (600 a minute) and an idle RTT p50
     (10 ms) on every path, a throughput test where the fault is a ratio. fault: path ->
-    ("ratio", measured/expected), ("loss", ratio) or ("rtt", the RTT's factor). `down`: a host
-    whose exporter stops at the fault (its own series go stale) and whose peers' probes to it fail."""
+    ("ratio", measured/expected), ("loss", ratio), ("rtt", the RTT's factor) or ("unreachable", 1:
+    its probes fail). `down`: a host whose exporter stops at the fault (its own series go stale)
+    and whose peers' probes to it fail."""
     out = []
     for path in paths:
         labels, kind, amount = path.labels(), *fault.get(path, ("", 0.0))
@@ -129,13 +130,14 @@ def input_series(paths: list[Path_], fault: dict[Path_, tuple[str, float]], down
         if gone:
             continue
         idle = {**labels, "state": "idle"}
-        lost = 600 * (amount if kind == "loss" else 1.0 if path.dst.name == down else 0.0)
+        unreachable = kind == "unreachable" or path.dst.name == down
+        lost = 600 * (amount if kind == "loss" else 1.0 if unreachable else 0.0)
         out.append(_series("pathprobe_udp_packets_sent_total", idle, _counter(600, 600)))
         out.append(_series("pathprobe_udp_packets_lost_total", idle, _counter(0, lost)))
         rtt_factor = amount if kind == "rtt" else 1.0
         out.append(_series("pathprobe_rtt_seconds", {**idle, "protocol": "tcp", "quantile": "0.5"},
                            f"0.01x{FAULT_AT - 1} {0.01 * rtt_factor:g}x{MINUTES - FAULT_AT + 1}"))  # fmt: skip
-        if path.dst.name == down:
+        if unreachable:
             rtt = {**labels, "probe": "rtt"}
             out.append(_series("pathprobe_probe_runs_total", {**rtt, "result": "ok"}, _counter(60, 0)))
             out.append(_series("pathprobe_probe_runs_total", {**rtt, "result": "timeout"}, _counter(0, 60)))
@@ -233,6 +235,12 @@ SMALL_CASES: dict[str, tuple[dict[Path_, tuple[str, float]], list[dict[str, str]
         {p: ("loss", 0.03) for p in between(MESH, src="tokyo-c1") + between(MESH, dst="tokyo-c1")},
         culprit_labels("host", False, side="egress", host="tokyo-c1", region=TOKYO, zone="ap-northeast-1c")
         + culprit_labels("host", False, side="ingress", host="tokyo-c1", region=TOKYO, zone="ap-northeast-1c"), ""),
+    # A lossy zone (a warning) with one path's probes failing (a firewall change): that path's critical
+    # alert, held back by the zone's warning, turns the zone critical, and its page names the zone.
+    "a zone's paths at 3% loss, one of them unreachable": (
+        {p: ("unreachable", 1.0) if (p.src.name, p.dst.name) == ("tokyo-c1", "osaka-a1") else ("loss", 0.03)
+         for p in between(MESH, zone="ap-northeast-1c")},
+        culprit_labels("zone", True, zone="ap-northeast-1c", region=TOKYO), ""),
     # A host down in a zone of its own: the host, not the zone.
     "a host down, alone in its zone": (
         {}, culprit_labels("host", True, side="ingress", host="singapore-a2", region="ap-southeast-1",
@@ -242,13 +250,6 @@ SMALL_CASES: dict[str, tuple[dict[Path_, tuple[str, float]], list[dict[str, str]
 
 # Cases for the rules alone (their per-path alerts are not all held back: a page of their own).
 RULES_CASES: dict[str, tuple[dict[Path_, tuple[str, float]], list[dict[str, str]], str]] = {
-    # One critically bad path among a named culprit's is that path's own page: the culprit stays a
-    # warning. (A loss marks both directions of a path: the critical path here is a throughput test,
-    # one way, out of the zone, so that the zone counts it once.)
-    "a zone's paths at 3% loss, one path past a critical threshold": (
-        {p: ("ratio", 0.2) if (p.src.name, p.dst.name) == ("tokyo-c1", "osaka-a1") else ("loss", 0.03)
-         for p in between(MESH, zone="ap-northeast-1c")},
-        culprit_labels("zone", False, zone="ap-northeast-1c", region=TOKYO), ""),
     # A zone at the critical loss line: its paths' windows read 4% and 7% by turns (as a lab path's
     # ~100 echoes a window scatter around 5.5%), so fewer than most of them are past 5% alone, but
     # their echoes together lose 5.5%: the zone fails (critical), and its page holds back theirs.
@@ -268,6 +269,17 @@ RULES_CASES: dict[str, tuple[dict[Path_, tuple[str, float]], list[dict[str, str]
 
 def test_each_fault_of_the_small_mesh_names_its_culprit_alone(tmp_path: Path) -> None:
     run_promtool(tmp_path, [promtool_case(MESH, *case) for case in [*SMALL_CASES.values(), *RULES_CASES.values()]])
+
+
+def test_the_culprits_hold_back_the_per_path_alerts_the_rules_count_as_theirs() -> None:
+    """alertmanager.yml's culprit -> path inhibitions name the alerts whose critical firing turns a
+    culprit critical (rules.EXPLAINABLE), and hold them back whatever their severity."""
+    inhibitions = [r for r in yaml.safe_load(AM.read_text())["inhibit_rules"]
+                   if r["target_matchers"][0] == 'scope="path"' and "scope=" in r["source_matchers"][0]]  # fmt: skip
+    assert len(inhibitions) == 7, inhibitions
+    for rule in inhibitions:
+        assert rule["target_matchers"][1] == f'alertname=~"{rules.EXPLAINABLE}"', rule
+        assert "severity" not in rule["equal"], rule
 
 
 def test_a_critical_culprit_says_how_much_its_echoes_lose_together(tmp_path: Path) -> None:
@@ -302,6 +314,8 @@ def per_path_alerts(fault: dict[Path_, tuple[str, float]]) -> list[dict[str, str
                 out.append({"alertname": "PathprobeThroughputFarBelowExpected", "severity": "critical", **test})
         elif kind == "rtt":
             out.append({"alertname": "PathprobeRttAboveBaseline", "severity": "warning", **info, "protocol": "tcp"})
+        elif kind == "unreachable":
+            out.append({"alertname": "PathprobePeerUnreachable", "severity": "critical", **info})
         else:
             out.append({"alertname": "PathprobePacketLossHigh", "severity": "warning", **info})
             if amount > Params().loss_ratio_critical:

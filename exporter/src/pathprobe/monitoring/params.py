@@ -25,7 +25,12 @@ class Params(Strict):
     selector: str = Field(default='job="pathprobe"', description="label matchers of the exporters' series")
     throughput_ratio_warning: float = Field(default=0.8, gt=0, le=1, description="share of expected, warning")
     throughput_ratio_critical: float = Field(default=0.5, gt=0, le=1, description="share of expected, critical")
-    throughput_window: str = Field(default="2h", description="every test in this window is below (>= 2 rotations)")
+    throughput_window: str = Field(
+        default="2h",
+        description="every test whose result shows in this window is below: the last one before it and each in it; "
+        "at least 2 rotations of the schedule, so that a missed test (a busy peer) neither resolves nor fires it "
+        "(2 rotations: a path alone pages on its third bad test in a row)",
+    )
     tgw_utilisation_warning: float = Field(default=0.8, gt=0, le=1, description="share of the TGW attachment limit")
     rtt_baseline_ratio: float = Field(default=1.5, gt=1, description="30-minute RTT p50 against the 7-day p50")
     rtt_baseline_min_increase_seconds: float = Field(default=0.002, ge=0, description="ignore smaller increases")

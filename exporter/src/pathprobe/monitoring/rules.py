@@ -197,12 +197,15 @@ BAD = "path:pathprobe_path_bad:level"
 EXPLAINED = "path:pathprobe_path_explained:level"
 CULPRIT = "culprit:pathprobe_culprit:level"
 # A culprit's alerts by scope: the warning one while it is named, the critical one (the level 2)
-# while most of its paths are bad at a critical threshold too, or while its paths' idle echoes,
-# added up, lose more than the critical loss ratio. Not "a few critical paths": a culprit of
-# hundreds of paths at a warning-level fault has a few past the critical line by chance in any
-# window; and a fault at the critical line itself leaves many paths just below it by chance (a lab
-# path's window holds ~100 echoes), where the sum over all of them does not waver. Two alerts, not
-# one whose severity follows the level: a label that changes starts a new alert, and its `for`
+# while most of its paths are bad at a critical threshold too, while its paths' idle echoes, added
+# up, lose more than the critical loss ratio, or while a per-path critical alert that it explains
+# fires. Not "a few paths at a critical level": a culprit of hundreds of paths at a warning-level
+# fault has a few past the critical line by chance in any window; and a fault at the critical line
+# itself leaves many paths just below it by chance (a lab path's window holds ~100 echoes), where
+# the sum over all of them does not waver. But a per-path critical alert (its own window and `for`
+# past) is a page: alertmanager.yml holds it back behind the culprit that explains it, of either
+# severity, so the culprit turns critical in its place, and the page names the culprit. Two alerts,
+# not one whose severity follows the level: a label that changes starts a new alert, and its `for`
 # would leave a gap in the inhibitions.
 CULPRIT_ALERTS = {"host": "PathprobeHostDegraded", "zone": "PathprobeZoneDegraded",
                   "region_pair": "PathprobeRegionPairDegraded",
@@ -210,6 +213,10 @@ CULPRIT_ALERTS = {"host": "PathprobeHostDegraded", "zone": "PathprobeZoneDegrade
 CULPRIT_CRITICAL_ALERTS = {scope: name.replace("Degraded", "Failing") for scope, name in CULPRIT_ALERTS.items()}
 PATHS, PATHS_BAD, PATHS_CRITICAL = ("culprit:pathprobe_paths:count", "culprit:pathprobe_paths_bad:count",
                                     "culprit:pathprobe_paths_critical:count")  # fmt: skip
+# The per-path alerts a culprit explains (alertmanager.yml's inhibitions name the same), and how many
+# of them fire at critical severity over each candidate culprit's paths.
+EXPLAINABLE = "PathprobeThroughput(Far)?BelowExpected|PathprobeRtt.*|PathprobePacketLoss.*|PathprobePeerUnreachable"
+CRITICAL_ALERTS = "culprit:pathprobe_path_critical_alerts:count"
 # Idle UDP echoes lost and sent in the loss window: per path (with every label of the path), and
 # over each candidate culprit's paths.
 PATH_IDLE_LOST, PATH_IDLE_SENT = ("path:pathprobe_udp_idle_packets_lost:increase",
@@ -265,14 +272,17 @@ def _named(p: Params, scope: str, bad: str, paths: str) -> str:
     """The culprits of a scope: `bad` (per candidate: its bad paths that no culprit named before
     explains) is at least culprit_min_bad_paths and culprit_bad_share of `paths` (its paths that no
     culprit named before explains). The value is 2 when that share of all its paths is bad at a
-    critical threshold, or when all its paths' idle echoes together lose more than the critical
-    loss ratio (and at least loss_min_lost_packets), else 1."""
+    critical threshold, when all its paths' idle echoes together lose more than the critical loss
+    ratio (and at least loss_min_lost_packets), or when a per-path critical alert it explains fires
+    (CRITICAL_ALERTS), else 1."""
     m = f'{{scope="{scope}"}}'
     critical_share = f"({PATHS_CRITICAL}{m} / {PATHS}{m} >= bool {p.culprit_bad_share:g})"
     critical_loss = (f"({IDLE_LOST}{m} / {IDLE_SENT}{m} > bool {p.loss_ratio_critical:g})"
                      f" * ({IDLE_LOST}{m} >= bool {p.loss_min_lost_packets})")  # fmt: skip
-    # A candidate without echoes has no loss sum: its share alone decides.
-    return (f"1 + clamp_max({critical_share} + ({critical_loss} or 0 * {critical_share}), 1)\n"
+    critical_alert = f"({CRITICAL_ALERTS}{m} >= bool 1)"
+    # A candidate without echoes has no loss sum, one without critical alerts no count: 0 for them.
+    return (f"1 + clamp_max({critical_share} + ({critical_loss} or 0 * {critical_share})\n"
+            f"  + ({critical_alert} or 0 * {critical_share}), 1)\n"
             f"and ({bad} >= {p.culprit_min_bad_paths}) / {paths} >= {p.culprit_bad_share:g}")  # fmt: skip
 
 
@@ -325,6 +335,12 @@ def _with_path_sides(p: Params, expr: str) -> str:
     return f"{expr}\n* on ({PATH}) group_left ({PATH_SIDES}) pathprobe_peer_info{{{p.selector}}}"
 
 
+def _critical_alerts(matchers: str) -> str:
+    """The per-path critical alerts firing that a culprit explains (EXPLAINABLE), with `matchers`."""
+    return (f'ALERTS{{alertstate="firing", scope="path", severity="critical", alertname=~"{EXPLAINABLE}"'
+            f"{', ' + matchers if matchers else ''}}}")  # fmt: skip
+
+
 def _selected(series: str, matchers: str) -> str:
     """`series` with `matchers` (none: all of it)."""
     return f"{series}{{{matchers}}}" if matchers else series
@@ -368,6 +384,7 @@ def _culprits(p: Params) -> list[dict[str, Any]]:
         {"record": PATHS_CRITICAL, "expr": "\nor ".join(_candidates("sum", lambda m: level(m, " >= bool 2")).values())},
         *({"record": over, "expr": "\nor ".join(_candidates("sum", functools.partial(_selected, of)).values())}
           for over, of in ((IDLE_LOST, PATH_IDLE_LOST), (IDLE_SENT, PATH_IDLE_SENT))),
+        {"record": CRITICAL_ALERTS, "expr": "\nor ".join(_candidates("count", _critical_alerts).values())},
         # A zone of one (measuring) host is that host: its own culprit names it.
         {"record": CULPRIT, "expr": f"{zone_named}\nand on (zone) {zone_hosts} >= 2", "labels": {"scope": "zone"}},
         {"record": CULPRIT, "expr": f'({named("host", " or ".join(by_zone))})\nunless on (zone) {CULPRIT}{zone}',
@@ -394,7 +411,9 @@ def _culprit_alerts(p: Params) -> list[Alert]:
         selector = f"{{scope='{scope}',{match}}}"
         loss = (f"{{{{ with printf \"{IDLE_LOST}{selector} / {IDLE_SENT}{selector}\" {args} {args} | query }}}}"
                 "; their idle echoes lose {{ . | first | value | humanizePercentage }} together{{ end }}")  # fmt: skip
-        return f"{counts[0]} of its {counts[2]} paths are bad ({counts[1]} critically{loss})"
+        alerts = (f"{{{{ with printf \"{CRITICAL_ALERTS}{selector}\" {args} | query }}}}"
+                  "; {{ . | first | value }} of their own critical alerts firing (held back){{ end }}")  # fmt: skip
+        return f"{counts[0]} of its {counts[2]} paths are bad ({counts[1]} critically{loss}{alerts})"
 
     scopes = {
         "host": ("through one host",
@@ -417,8 +436,9 @@ def _culprit_alerts(p: Params) -> list[Alert]:
             Alert(CULPRIT_ALERTS[scope], named, "warning", f"Most paths {what} are degraded: the culprit.",
                   description, p.culprit_for, scope=scope, keep_firing_for=p.culprit_keep_firing_for),
             Alert(CULPRIT_CRITICAL_ALERTS[scope], f"{named} == 2", "critical",
-                  f"Most paths {what} fail (critical thresholds), or lose over {p.loss_ratio_critical:.0%} of their "
-                  "echoes together: the culprit.", description, p.culprit_for,
+                  f"Most paths {what} fail (critical thresholds), lose over {p.loss_ratio_critical:.0%} of their "
+                  "echoes together, or fail one by one (their own critical alerts): the culprit.", description,
+                  p.culprit_for,
                   scope=scope, keep_firing_for=p.culprit_keep_firing_for),
         ]  # fmt: skip
     return alerts
