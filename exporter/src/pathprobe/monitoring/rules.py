@@ -17,18 +17,22 @@ import yaml
 
 from .params import Params
 
+
+def _of_the_test(metric: str) -> str:
+    """A template's lookup, when the alert fires, of `metric` for the test the alert is about
+    (`{{ with ... }}`: its body reads the series, `{{ end }}` closes it)."""
+    return (
+        f"{{{{ with printf \"{metric}{{instance='%s',peer='%s',protocol='%s',streams='%s',direction='%s'}}\" "
+        "$labels.instance $labels.peer $labels.protocol $labels.streams $labels.direction | query }}"
+    )
+
+
 # The binding limit of the test an alert is about, looked up when it fires (it is not a label
 # of the alert: see the ratio's recording rule).
-BINDING = (
-    "{{ with printf \"pathprobe_throughput_expected_bytes_per_second{instance='%s',peer='%s',protocol='%s',"
-    "streams='%s',direction='%s'}\" $labels.instance $labels.peer $labels.protocol $labels.streams "
-    '$labels.direction | query }}{{ . | first | label "limit" }}{{ end }}'
-)
+BINDING = _of_the_test("pathprobe_throughput_expected_bytes_per_second") + '{{ . | first | label "limit" }}{{ end }}'
 # Whether the last test of an alert's path stopped at a settled rate (a steady-state test) or ran
 # to its maximum; nothing for a fixed-length test (the series is absent).
-CONVERGED = (
-    "{{ with printf \"pathprobe_throughput_converged{instance='%s',peer='%s',protocol='%s',streams='%s',"
-    "direction='%s'}\" $labels.instance $labels.peer $labels.protocol $labels.streams $labels.direction | query }}"
+CONVERGED = _of_the_test("pathprobe_throughput_converged") + (
     "{{ if eq (. | first | value) 1.0 }} The last test stopped at a settled rate.{{ else }} The last test never "
     "settled: it ran to its maximum length, and its rate is that of its last two windows (the path's rate "
     "varies).{{ end }}{{ end }}"
