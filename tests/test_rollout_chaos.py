@@ -210,16 +210,22 @@ def change(fleet: Fleet, rng: random.Random) -> None:
 
 def healthy(fleet: Fleet) -> None:
     """Every running host answers 200 with a fresh snapshot, no failed render, the reload
-    applied, and no series of a member that left."""
+    applied, and no series of a member that left. Waiting for the change's epoch also means
+    no reload is still running when the next change (or the storm) comes: the storm counts
+    its host's reloads, and one left over from the last rollout would add to them."""
     for host in fleet.procs:
         assert fleet.procs[host].poll() is None, f"{host} exited"
 
         def fresh(host: str = host) -> Samples | None:
             got = scrape(metrics_address(host))  # urllib raises on anything but 200
             gone = [ls for _, ls in got if any(("peer", h) in ls for h in fleet.left)]
-            return None if gone else got
+            # A reload after the epoch takes effect at the next slot instead: later, never earlier.
+            epoch = value(got, "pathprobe_schedule_epoch_timestamp_seconds") or 0
+            applied = fleet.epoch is None or epoch >= fleet.epoch
+            return None if gone or not applied else got
 
-        got = wait_for(f"{host}: no series of {sorted(fleet.left)}", fresh, timeout=2 * REFRESH, every=0.5)
+        got = wait_for(f"{host}: the epoch {fleet.epoch} (or later) applied, no series of {sorted(fleet.left)}", fresh,
+                       timeout=4 * REFRESH, every=0.5)  # fmt: skip
         assert (value(got, "pathprobe_scrape_snapshot_age_seconds") or 0) < 2 * REFRESH, host
         assert value(got, "pathprobe_scrape_render_errors_total") == 0, host
         assert value(got, "pathprobe_config_last_reload_successful") == 1, host
