@@ -2,8 +2,9 @@
 
 For each RTT (1, 8, 74, 150 ms), lab rate (200 Mbit/s, 500 Mbit/s) and stream count (1, 4):
 a plain 10 s iperf3 test (its steady state: the mean of its last 5 s; the bytes it moved)
-and `pathprobe probe throughput --steady-state` with the path's RTT as its hint (the rate
-it converged on, the bytes, the time, whether it converged). The steady state is what the
+and `pathprobe probe throughput` with its defaults as shipped (steady state on, at most the
+default 5 s) and the path's RTT as its hint, as the exporter gives it its RTT probe's (the
+rate it converged on, the bytes, the time, whether it converged). The steady state is what the
 server acknowledged over the 10 s test's last 5 s, as the prober reads it (`ss -tin`), not
 iperf3's sender-side intervals (writes into a 32 MiB buffer, bursty with several streams:
 bench/steady_acked.py compares the two). Both ends have 32 MiB buffers, so the shaper
@@ -126,8 +127,7 @@ def row(rate: float, rtt: float, streams: int, record: Path | None) -> list[str]
     end = min(delivered[-1].end, 10.0)
     steady = steady_state.mean_rate(delivered, end - 5, end) or 0.0
     full_bytes = wire or sum(i.bits_per_second * i.seconds for i in intervals) / 8  # on the wire, as the prober counts
-    probe = [*PATHPROBE, "probe", "throughput", DST, "-t", "10", "-P", str(streams), "--steady-state", "--rtt-hint",
-             f"{rtt:g}", "--json"]  # fmt: skip
+    probe = [*PATHPROBE, "probe", "throughput", DST, "-P", str(streams), "--rtt-hint", f"{rtt:g}", "--json"]
     got = json.loads(retried(lambda: in_src(probe)))
     measured = got["receiver_bytes_per_second"] * 8
     off = measured / steady - 1

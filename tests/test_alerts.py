@@ -442,14 +442,15 @@ def test_added_delay_fires_the_rtt_baseline_alert_and_resolves(
 ) -> None:
     wait(drills.values())  # its delay change restarts the delay line under every path
     src, dst = src_dst("rtt")
-    # The baseline is the median of the path's RTT over its window: with more than half of that window
-    # healthy before the delay, the delay cannot raise it before the alert fires. The other drills
-    # leave that history behind them; run alone, this waits for it.
+    # The baseline is the median of the samples its window holds so far (one per 30 s step). The alert
+    # fires about 2 minutes into the delay (4 raised samples): 8 healthy ones before it keep the median
+    # healthy for twice that. The other drills leave most of that history behind them; run alone, this
+    # waits for it.
     p = lab.params
     history = (f'count_over_time(path:pathprobe_rtt_seconds:p50_{p.rtt_exporter_window}{{host="{src}", '
                f'peer="{dst}"}}[{p.rtt_baseline_window}:{p.rtt_baseline_step}])')  # fmt: skip
-    wait_for("6 minutes of RTT history", lambda: [s for s in promql.query(lab.prom, history)
-             if float(s["value"][1]) >= 12], timeout=600, every=10)  # fmt: skip
+    wait_for("8 samples of RTT history", lambda: [s for s in promql.query(lab.prom, history)
+             if float(s["value"][1]) >= 8], timeout=600, every=10)  # fmt: skip
     seen = notified(lab.log)
     impaired = time.monotonic()
     # 8 ms RTT becomes 28 ms one way only (the echo's reverse path is untouched): more than 1.5x
