@@ -170,8 +170,10 @@ def throughput_alerts_margin() -> str:
     tests = f"changes(path:pathprobe_throughput_last_test_timestamp_seconds:last[{window}]) >= 1"
     closest = min(float(r["value"][1]) for r in query(
         f"min_over_time((max_over_time({ratio}[{window}]) and {tests})[{SILENT_SECONDS}s:15s])"))  # fmt: skip
-    worst = min(float(r["value"][1]) for r in query(f"min_over_time({ratio}[{SILENT_SECONDS}s])"))
-    return f"the throughput alerts' lowest value ({window} window) {closest:.3f}, the worst test {worst:.3f}"
+    worst = min(query(f"min_over_time({ratio}[{SILENT_SECONDS}s])"), key=lambda r: float(r["value"][1]))
+    test = {k: v for k, v in worst["metric"].items() if k in ("host", "peer", "streams", "direction")}
+    return (f"the throughput alerts' lowest value ({window} window) {closest:.3f}, the worst test "
+            f"{float(worst['value'][1]):.3f} ({test})")  # fmt: skip
 
 
 CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
