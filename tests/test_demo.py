@@ -20,6 +20,7 @@ from test_lab import root_leftovers
 
 from helpers import PATHPROBE, wait_for
 from pathprobe import procs, promql
+from pathprobe.monitoring import rules
 from pathprobe_lab import topology
 from pathprobe_lab.configs import LAB_CLOCK_ERROR_BOUND, lab_alert_params, rotation_seconds
 from pathprobe_lab.demo import SLOT_SECONDS
@@ -165,11 +166,12 @@ def throughput_alerts_margin() -> str:
     """How close the throughput alerts came in the silent window: their expression's lowest value
     (the best test in the rules' window, once it holds two; below the warning ratio, they fire),
     and the worst test."""
-    window = lab_alert_params(rotation_seconds(topology.load(None), SLOT_SECONDS)).throughput_window
-    ratio = "path:pathprobe_throughput_expected_ratio:last"
-    tests = f"changes(path:pathprobe_throughput_last_test_timestamp_seconds:last[{window}]) >= 1"
+    params = lab_alert_params(rotation_seconds(topology.load(None), SLOT_SECONDS))
+    window = params.throughput_window
+    best, two_tests = rules.throughput_best_in_window(params)
     closest = min(float(r["value"][1]) for r in query(
-        f"min_over_time((max_over_time({ratio}[{window}]) and {tests})[{SILENT_SECONDS}s:15s])"))  # fmt: skip
+        f"min_over_time(({best}\n{two_tests})[{SILENT_SECONDS}s:15s])"))  # fmt: skip
+    ratio = "path:pathprobe_throughput_expected_ratio:last"
     worst = min(query(f"min_over_time({ratio}[{SILENT_SECONDS}s])"), key=lambda r: float(r["value"][1]))
     test = {k: v for k, v in worst["metric"].items() if k in ("host", "peer", "streams", "direction")}
     return (f"the throughput alerts' lowest value ({window} window) {closest:.3f}, the worst test "

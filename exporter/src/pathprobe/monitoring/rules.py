@@ -448,19 +448,28 @@ def _culprit_alerts(p: Params) -> list[Alert]:
     return alerts
 
 
+def throughput_best_in_window(p: Params) -> tuple[str, str]:
+    """What the throughput alerts compare with their ratios: each test's best ratio to expected
+    in the window, and the condition that the window holds two tests (a fresh path's first one
+    alone never fires)."""
+    best = f"max_over_time(path:pathprobe_throughput_expected_ratio:last[{p.throughput_window}])"
+    two_tests = (f"and on ({TEST})\nchanges(path:pathprobe_throughput_last_test_timestamp_seconds:last"
+                 f"{{{p.selector}}}[{p.throughput_window}]) >= 1")  # fmt: skip
+    return best, two_tests
+
+
 def _throughput_alerts(p: Params) -> list[Alert]:
     sel, test_text = p.selector, TEST_TEXT
     ratio = "path:pathprobe_throughput_expected_ratio:last"
-    two_tests = (f"and on ({TEST})\nchanges(path:pathprobe_throughput_last_test_timestamp_seconds:last{{{sel}}}"
-                 f"[{p.throughput_window}]) >= 1")  # fmt: skip
+    best, two_tests = throughput_best_in_window(p)
     return [
         Alert("PathprobeThroughputBelowExpected",
-               f"max_over_time({ratio}[{p.throughput_window}]) < {p.throughput_ratio_warning:g}\n{two_tests}",
+               f"{best} < {p.throughput_ratio_warning:g}\n{two_tests}",
                "warning", "Path throughput below its expected limit.",
                f"{test_text}: every test in the last {p.throughput_window} reached at most "
                "{{ $value | humanizePercentage }} of expected (binding limit: " + BINDING + ")." + CONVERGED),
         Alert("PathprobeThroughputFarBelowExpected",
-               f"max_over_time({ratio}[{p.throughput_window}]) < {p.throughput_ratio_critical:g}\n{two_tests}",
+               f"{best} < {p.throughput_ratio_critical:g}\n{two_tests}",
                "critical", "Path throughput far below its expected limit.",
                f"{test_text}: every test in the last {p.throughput_window} reached at most "
                "{{ $value | humanizePercentage }} of expected (binding limit: " + BINDING + ")." + CONVERGED),
