@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from pathprobe.config import WebSettings
-from pathprobe.web import Limits, Snapshot, make_app, serve
+from pathprobe.web import RENDER_LEAD, RENDER_MARGIN_SECONDS, Limits, Scrapers, Snapshot, make_app, serve
 from pathprobe.webconfig import WebConfigSource
 
 
@@ -84,6 +84,57 @@ def test_background_refresh_picks_up_new_values() -> None:
     assert b"pathprobe_test_value 3.0" in snap.get()
 
 
+def test_scrapers_expect_each_one_interval_after_its_last_scrape() -> None:
+    scrapers = Scrapers(kept=2)
+    assert scrapers.next_expected(0.0) is None
+    scrapers.scraped("10.0.0.1", 100.0)
+    assert scrapers.next_expected(100.0) is None  # one scrape: no interval yet
+    scrapers.scraped("10.0.0.1", 115.0)
+    scrapers.scraped("10.0.0.2", 101.0)
+    scrapers.scraped("10.0.0.2", 161.0)
+    assert scrapers.next_expected(116.0) == 130.0  # the earlier of 115 + 15 and 161 + 60
+    assert scrapers.next_expected(146.0) == 221.0  # the first missed two intervals: no longer expected
+    scrapers.scraped("10.0.0.3", 170.0)  # a third source: the one unheard of longest is forgotten
+    assert scrapers.next_expected(171.0) == 221.0
+
+
+def test_renders_are_timed_just_ahead_of_a_steady_scrapers_next_scrape() -> None:
+    snap = snapshot(CollectorRegistry(), refresh=5.0)
+    snap.get(source="10.0.0.1")  # renders in the request (the first)
+    began = snap._tried
+    assert snap.next_render(began) == pytest.approx(began + 5.0)  # no interval known: every refresh
+    snap._scrapers.scraped("10.0.0.1", began + 15.0)  # a 15 s scraper
+    expected = snap._scrapers.next_expected(began + 15.0)
+    assert expected is not None and expected == pytest.approx(began + 30.0, abs=0.1)
+    lead = expected - snap.next_render(began + 15.0)  # just ahead of its next scrape
+    assert lead == pytest.approx(RENDER_MARGIN_SECONDS + RENDER_LEAD * snap._render_seconds)
+    snap._scrapers.scraped("10.0.0.2", began)
+    snap._scrapers.scraped("10.0.0.2", began + 1.0)  # and one scraping every second
+    assert snap.next_render(began + 1.0) == pytest.approx(began + 5.0)  # never sooner than refresh
+
+
+def test_a_steady_scraper_gets_a_render_per_scrape_read_fresh() -> None:
+    """Scrapes every 0.3 s against a refresh of 0.05 s: once the interval is known (the second
+    scrape), one render per scrape (not six), each made after the scrape before it."""
+    renders = []
+
+    class Counts:
+        def collect(self) -> Iterator[Metric]:
+            renders.append(time.monotonic())
+            yield GaugeMetricFamily("pathprobe_test_rendered", "test", value=len(renders))
+
+    r = CollectorRegistry()
+    r.register(Counts())  # type: ignore[arg-type]
+    snap = snapshot(r, refresh=0.05)
+    scrapes, ages = [], []
+    for _ in range(12):
+        scrapes.append(time.monotonic())
+        ages.append(trailer_value(snap.get(source="10.0.0.1"), "pathprobe_scrape_snapshot_age_seconds"))
+        time.sleep(0.3)
+    assert len([t for t in renders if scrapes[2] < t <= scrapes[-1]]) <= 9 + 1
+    assert max(ages[3:]) < 0.3  # each read a render made after the scrape before
+
+
 class Breaks:
     """A collector that raises while `broken` is set, as a render once did on a removed peer."""
 
@@ -112,7 +163,8 @@ def test_a_render_that_raises_keeps_the_last_snapshot_counted_and_retries(caplog
     time.sleep(0.3)  # several background renders fail
     body = snap.get()
     assert b"pathprobe_test_value 1.0" in body  # the last good snapshot, ageing
-    assert trailer_value(body, "pathprobe_scrape_render_errors_total") >= 2
+    # Retried every `refresh`, not at once again: a failing render is no busy loop.
+    assert 2 <= trailer_value(body, "pathprobe_scrape_render_errors_total") <= 0.3 / 0.05 + 2
     assert trailer_value(body, "pathprobe_scrape_snapshot_age_seconds") >= 0.2
     assert "rendering /metrics failed" in caplog.text and "KeyError" in caplog.text
     breaks.broken = False

@@ -96,6 +96,10 @@ class AwaitedStamps(Generic[T]):
                 self._by_key.popitem(last=False)
         self._sends += 1
 
+    def __len__(self) -> int:
+        """Sends whose stamp is still awaited."""
+        return len(self._by_key)
+
     def stamped(self, key: int) -> T | None:
         """The item whose send the stamp with `key` is of, if it is still awaited."""
         return self._by_key.pop(key, None)

@@ -2,15 +2,19 @@
 
 Rendering the registry costs time in proportion to peers (about 0.5 s for 500
 peers with prometheus_client), and a scrape must never wait on that. So a
-background thread renders a snapshot every `refresh` seconds (slower when
-rendering is slow, so that it never takes more than 5% of a core) for as long as
-scrapes keep coming, and a scrape returns the latest snapshot at once. Only the
-very first scrape renders in the request. What a scrape reads is at most
-`refresh` seconds old (it says how old in pathprobe_scrape_snapshot_age_seconds),
-and every result carries its own timestamp metric. A render that raises is logged and
+background thread renders a snapshot for as long as scrapes keep coming, and a
+scrape returns the latest snapshot at once. Only the very first scrape renders in
+the request. Prometheus scrapes at a fixed interval, so each render is timed just
+ahead of the next scrape expected (Scrapers): a scraper that keeps its interval
+reads a snapshot a few render times old, and a render is made per scrape, not per
+`refresh` (at a 1m scrape interval, a twelfth of the renders). Renders are at least
+`refresh` seconds apart (more when rendering is slow, so that it never takes more
+than 5% of a core); with no scraper keeping an interval, they come every `refresh`.
+What a scrape reads says how old it is (pathprobe_scrape_snapshot_age_seconds), and
+every result carries its own timestamp metric. A render that raises is logged and
 counted (pathprobe_scrape_render_errors_total) and the last good snapshot is served on,
-its age growing, until the next render (`refresh` later) succeeds: /metrics never answers
-500 for what the exporter holds.
+its age growing, until the next render succeeds: /metrics never answers 500 for what
+the exporter holds.
 
 Connections are handled as Go's net/http with ReadHeaderTimeout handles them, so that no
 client, idle, slow or many, can hold an authorized scrape off: the server's own event loop
@@ -95,6 +99,33 @@ class Stats:
         return ("\n".join(lines) + "\n").encode()
 
 
+# A render falls due this many render times, and this much more, before the next scrape expected.
+RENDER_LEAD, RENDER_MARGIN_SECONDS = 2, 0.1
+
+
+class Scrapers:
+    """When each scraper (by source address) is expected next: Prometheus scrapes a target at a
+    fixed interval (its scrape_interval, 1m by default), so its next scrape comes one interval
+    after its last."""
+
+    def __init__(self, kept: int = 16) -> None:
+        self.kept = kept
+        self._seen: dict[str, tuple[float, float | None]] = {}  # source -> (last scrape, the interval before it)
+
+    def scraped(self, source: str, now: float) -> None:
+        before = self._seen.pop(source, None)
+        self._seen[source] = (now, now - before[0] if before else None)
+        if len(self._seen) > self.kept:
+            del self._seen[next(iter(self._seen))]  # the one unheard of longest
+
+    def next_expected(self, now: float) -> float | None:
+        """The earliest next scrape of a scraper keeping its interval (its last scrape less than two
+        intervals ago); None when none does. Past `now` when a scrape is due and late."""
+        expected = [last + interval for last, interval in list(self._seen.values())
+                    if interval and now - last < 2 * interval]  # fmt: skip
+        return min(expected, default=None)
+
+
 class Snapshot:
     def __init__(
         self, registry: CollectorRegistry, refresh: float = 5.0, idle_after: float = 300.0, stats: Stats | None = None
@@ -107,7 +138,9 @@ class Snapshot:
         self._gzipped = b""
         self._taken = time.monotonic()  # before the first render: its age counts from the start
         self._render_seconds = 0.0
+        self._tried = self._taken  # when the last render began, whether or not it succeeded
         self._last_scrape = 0.0
+        self._scrapers = Scrapers()
         self._scraped = threading.Event()
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
@@ -116,7 +149,7 @@ class Snapshot:
 
     def render(self) -> None:
         """A new snapshot; on an error, the last one stays (never raises)."""
-        start = time.monotonic()
+        start = self._tried = time.monotonic()
         try:
             body = generate_latest(self.registry)
         except Exception:
@@ -140,11 +173,29 @@ class Snapshot:
         else:
             log.error("rendering /metrics failed again (%d in a row): serving the last snapshot", failing)
 
+    def next_render(self, now: float) -> float:
+        """When the next render falls due: just ahead of the next scrape expected (RENDER_LEAD
+        render times before it), so that a scraper keeping its interval reads a snapshot that
+        fresh, and every render is read; but no sooner than `refresh` after the last one began (nor
+        than 20 render times: at most 5% of a core). With no scraper keeping an interval (the
+        first scrapes, or a client now and then): every `refresh`."""
+        with self._lock:
+            floor = self._tried + max(self.refresh, 20 * self._render_seconds)
+            expected = self._scrapers.next_expected(now)
+            lead = RENDER_LEAD * self._render_seconds + RENDER_MARGIN_SECONDS
+        if expected is None:
+            return floor
+        if self._tried >= expected - lead:  # rendered for it already: again only if it is `refresh` late
+            return max(floor, expected + self.refresh)
+        return max(floor, expected - lead)
+
     def _refresh_loop(self) -> None:
         while not self._closed.is_set():
             self._scraped.wait()
-            if self._closed.wait(max(self.refresh, 20 * self._render_seconds)):
+            if self._closed.wait(max(0.0, self.next_render(time.monotonic()) - time.monotonic())):
                 return
+            if self.next_render(time.monotonic()) > time.monotonic():
+                continue  # a scrape came meanwhile: the next one is expected later
             self.render()
             if time.monotonic() - self._last_scrape > self.idle_after:
                 self._scraped.clear()  # nobody scrapes: stop rendering until someone does
@@ -154,10 +205,12 @@ class Snapshot:
         self._closed.set()
         self._scraped.set()
 
-    def get(self, gzipped: bool = False) -> bytes:
-        """The latest snapshot, plus its age; gzip members concatenate, so the trailer is a member of its own."""
+    def get(self, gzipped: bool = False, source: str = "") -> bytes:
+        """The latest snapshot, plus its age; gzip members concatenate, so the trailer is a member of its own.
+        `source`: the scraper's address, whose interval times the renders."""
         self._last_scrape = time.monotonic()
         with self._lock:
+            self._scrapers.scraped(source, self._last_scrape)
             first = not self._body and not self.render_errors  # the very first scrape renders itself
             if self._thread is None:
                 self._thread = threading.Thread(target=self._refresh_loop, name="render", daemon=True)
@@ -283,7 +336,7 @@ class _App:
 
     def _metrics(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
         gz = "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")
-        body = self.snapshot.get(gzipped=gz)
+        body = self.snapshot.get(gzipped=gz, source=environ.get("REMOTE_ADDR", ""))
         headers = [("Content-Type", CONTENT_TYPE_LATEST), ("Content-Length", str(len(body)))]
         if gz:
             headers.append(("Content-Encoding", "gzip"))

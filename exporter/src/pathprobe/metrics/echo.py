@@ -91,8 +91,11 @@ class EchoRoom(Room):
         self-inflicted: kept apart, by when the packet was sent (`age` seconds ago), not when
         its timeout ran out."""
         if self.admits(peer):
-            state = self.load_state(peer, self.clock() - age)
-            self.udp.setdefault(UdpKey(peer, state), Counter())[what] += 1
+            key = UdpKey(peer, self.load_state(peer, self.clock() - age))
+            counts = self.udp.get(key)
+            if counts is None:
+                counts = self.udp[key] = Counter()
+            counts[what] += 1
 
     def set_jitter(self, peer: str, seconds: float) -> None:
         if self.admits(peer):
@@ -118,8 +121,9 @@ class EchoRoom(Room):
         if self.admits(peer):
             key = MarkKey(peer, direction)
             before = self.marks.get(key)
-            changed = (before.changed if before else 0) + (received != sent)
-            self.marks[key] = Marks(sent, received, changed)
+            if before is None or received != sent or before[:2] != (sent, received):  # else nothing changes
+                changed = (before.changed if before else 0) + (received != sent)
+                self.marks[key] = Marks(sent, received, changed)
 
     def mtu_probed(self, peer: str, size: int, carried: bool) -> None:
         if not self.admits(peer):

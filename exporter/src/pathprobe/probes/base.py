@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import heapq
+import itertools
 import math
+import weakref
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
@@ -44,6 +48,95 @@ async def sleep_until(due: float, interval: float) -> None:
     if interval >= PACE_SECONDS:
         due = math.ceil(due / PACE_SECONDS) * PACE_SECONDS
     await asyncio.sleep(max(0.0, due - loop.time()))
+
+
+@dataclass(slots=True)
+class _Sender:
+    interval: float
+    send: Callable[[], None]
+    count: int | None  # sends to make; None: until cancelled
+    done: asyncio.Future[None]
+    due: float  # the event loop's time of its next send, before rounding to the grid
+    sent: int = field(default=0)
+
+
+class Pacer:
+    """One timer for the sends of every continuous prober of an event loop: each sender's
+    `send()` is called every `interval` seconds on the PACE_SECONDS grid (as sleep_until
+    rounds), and the sends of every sender due in a step are made in one timer callback. A task
+    per sender woke for each send (a task step and a future each): bench/exporter_bench.py --cost
+    compares the two."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._queue: list[tuple[float, int, _Sender]] = []  # a heap: (when due on the grid, order, sender)
+        self._order = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> Pacer:
+        """The loop's pacer."""
+        pacer = _PACERS.get(loop)
+        if pacer is None:
+            pacer = _PACERS[loop] = cls(loop)
+        return pacer
+
+    def repeat(self, interval: float, send: Callable[[], None], count: int | None = None) -> asyncio.Future[None]:
+        """Call `send` now and then every `interval` seconds, `count` times (None: until the
+        future returned is cancelled). The future is done after the last send, or with the
+        exception `send` raised. After a stall the sends catch up by at most 1 s, one per pass
+        of the event loop, never in a burst."""
+        sender = _Sender(interval, send, count, self._loop.create_future(), self._loop.time())
+        if count == 0:
+            sender.done.set_result(None)
+        else:
+            self._enqueue(sender)
+            self._arm()
+        return sender.done
+
+    def _enqueue(self, sender: _Sender) -> None:
+        when = sender.due
+        if sender.interval >= PACE_SECONDS:  # a sender more often than the step is not rounded (as sleep_until)
+            when = math.ceil(when / PACE_SECONDS) * PACE_SECONDS
+        heapq.heappush(self._queue, (when, next(self._order), sender))
+
+    def _arm(self) -> None:
+        """The timer at the first sender due."""
+        if not self._queue:
+            return
+        first = self._queue[0][0]
+        if self._timer is not None:
+            if self._timer.when() <= first:
+                return
+            self._timer.cancel()
+        self._timer = self._loop.call_at(first, self._fire)
+
+    def _fire(self) -> None:
+        assert self._timer is not None
+        fired_at, self._timer = self._timer.when(), None
+        now = self._loop.time()
+        again = []
+        while self._queue and self._queue[0][0] <= max(now, fired_at):
+            sender = heapq.heappop(self._queue)[2]
+            if sender.done.done():  # cancelled: its prober stopped
+                continue
+            try:
+                sender.send()
+            except Exception as exc:  # a prober's bug: its run() raises it
+                sender.done.set_exception(exc)
+                continue
+            sender.sent += 1
+            if sender.count is not None and sender.sent >= sender.count:
+                sender.done.set_result(None)
+                continue
+            sender.due = max(sender.due + sender.interval, now - 1.0)
+            again.append(sender)  # after this pass: one catch-up send per pass
+        for sender in again:
+            self._enqueue(sender)
+        self._arm()
+
+
+_PACERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Pacer] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)

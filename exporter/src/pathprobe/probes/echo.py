@@ -17,6 +17,7 @@ way there, received - answered (less those still in flight) on the way back.
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import time
 from collections import OrderedDict, deque
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 from .. import stamps, wire
 from ..config import LossSettings
-from .base import BACKOFF_SECONDS, EchoSink, FlowHealth, Target, reason_of_oserror, sleep_until
+from .base import BACKOFF_SECONDS, EchoSink, FlowHealth, Pacer, Target, reason_of_oserror
 
 ACCOUNT_EVERY_SECONDS = 1.0
 # The clock offset reported is that of the least-delayed of this many recent exchanges (as
@@ -114,20 +115,23 @@ class EchoProber:
                     self._sent_ns[seq] = when
 
     def _read(self, sock: socket.socket, flow: int) -> None:
-        self._take_sent_stamps(sock, flow)  # first: an echo read below may be the answer to a packet stamped here
-        for _ in range(64):
-            try:
-                data, ancdata, _, addr = sock.recvmsg(2048, stamps.CMSG_SPACE + socket.CMSG_SPACE(4))
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # an ICMP error on a flow's socket: it answers that flow's oldest packet
-                oldest = next((seq for seq, (_, f, _) in self._outstanding.items() if f == flow), None)
-                if oldest is not None:
-                    del self._outstanding[oldest]
-                    self._sent_ns.pop(oldest, None)
-                self.sink.failure(reason_of_oserror(exc))
-                return
-            self.datagram_received(data, addr, stamps.kernel_time(ancdata), wire.received_tos(ancdata))
+        """One datagram per wake-up: a flow's socket rarely holds two (the loop wakes again if so),
+        and a read that finds it empty costs a system call and an exception."""
+        if self._flows[flow].stamps:  # a stamp not taken at its send: first, as an echo read below may answer it
+            self._take_sent_stamps(sock, flow)
+        try:
+            data, ancdata, _, addr = sock.recvmsg(2048, stamps.CMSG_SPACE + socket.CMSG_SPACE(4))
+        except (BlockingIOError, InterruptedError):
+            self._take_sent_stamps(sock, flow)  # woken by the error queue alone (a stamp nobody awaits)
+            return
+        except OSError as exc:  # an ICMP error on a flow's socket: it answers that flow's oldest packet
+            oldest = next((seq for seq, (_, f, _) in self._outstanding.items() if f == flow), None)
+            if oldest is not None:
+                del self._outstanding[oldest]
+                self._sent_ns.pop(oldest, None)
+            self.sink.failure(reason_of_oserror(exc))
+            return
+        self.datagram_received(data, addr, stamps.kernel_time(ancdata), wire.received_tos(ancdata))
 
     def datagram_received(self, data: bytes, addr: tuple[str, int], arrived_ns: int | None = None,
                           tos: int | None = None) -> None:  # fmt: skip
@@ -306,6 +310,26 @@ class EchoProber:
             return None
         return socks
 
+    def _send(self, socks: list[socket.socket]) -> None:
+        """The next packet, on the next flow in turn; what timed out first expires."""
+        now = time.perf_counter()
+        self._expire(now)
+        flow = self.track(self._seq, now)
+        size = self.settings.size_bytes
+        try:
+            socks[flow].send(wire.echo_packet(self._seq, size, time.time_ns()))
+            self._flows[flow].stamps.sent(self._seq)  # a stamp that does not fit: sent_time
+            # Stamped within send() unless queued: taken now, it wakes no one (wire.Connection.write);
+            # one read, not one more to find the queue empty.
+            self._take_sent_stamps(socks[flow], flow, most=1)
+        except BlockingIOError:
+            pass  # a full send buffer drops the packet: it counts as lost
+        except OSError as exc:
+            self._outstanding.pop(self._seq, None)
+            self.sink.failure(reason_of_oserror(exc))
+        self.sink.sent(size)
+        self._seq += 1
+
     async def run(self, count: int | None = None) -> None:
         """Send `count` packets (forever when None) at the configured rate. Never raises:
         a socket that cannot be opened (e.g. no route yet) is reported, then retried
@@ -317,29 +341,8 @@ class EchoProber:
             await asyncio.sleep(BACKOFF_SECONDS)
         for flow, sock in enumerate(socks):
             loop.add_reader(sock.fileno(), self._read, sock, flow)
-        size = self.settings.size_bytes
         try:
-            interval = 1 / self.settings.rate_pps
-            due = loop.time()
-            while count is None or self._seq < count:
-                await sleep_until(due, interval)
-                due = max(due + interval, loop.time() - 1.0)  # catch up a little, never a burst
-                now = time.perf_counter()
-                self._expire(now)
-                flow = self.track(self._seq, now)
-                try:
-                    socks[flow].send(wire.echo_packet(self._seq, size, time.time_ns()))
-                    self._flows[flow].stamps.sent(self._seq)  # a stamp that does not fit: sent_time
-                    # Stamped within send() unless queued: taken now, it wakes no one (wire.Connection.write);
-                    # one read, not one more to find the queue empty.
-                    self._take_sent_stamps(socks[flow], flow, most=1)
-                except BlockingIOError:
-                    pass  # a full send buffer drops the packet: it counts as lost
-                except OSError as exc:
-                    self._outstanding.pop(self._seq, None)
-                    self.sink.failure(reason_of_oserror(exc))
-                self.sink.sent(size)
-                self._seq += 1
+            await Pacer.of(loop).repeat(1 / self.settings.rate_pps, functools.partial(self._send, socks), count)
             # One-shot: wait for the last echoes, then count what is missing as lost.
             deadline = loop.time() + self.settings.timeout_seconds
             while self._outstanding and loop.time() < deadline:

@@ -1,0 +1,125 @@
+"""The continuous probes' shared timer (probes.base.Pacer), on a real event loop."""
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+
+import pytest
+
+from pathprobe.probes.base import PACE_SECONDS, Pacer
+
+
+def passes(loop: asyncio.AbstractEventLoop) -> Callable[[], int]:
+    """The number of passes the loop has made since (a callback that schedules itself again)."""
+    count = 0
+
+    def tick() -> None:
+        nonlocal count
+        count += 1
+        loop.call_soon(tick)
+
+    loop.call_soon(tick)
+    return lambda: count
+
+
+def test_a_counted_sender_sends_that_many_on_the_grid_then_its_future_is_done() -> None:
+    async def main() -> tuple[int, float]:
+        loop = asyncio.get_running_loop()
+        pacer, sent = Pacer.of(loop), [0]
+        done = pacer.repeat(PACE_SECONDS * 2, lambda: sent.__setitem__(0, sent[0] + 1), count=4)
+        first_due = pacer._queue[0][0]  # now, rounded up to the grid
+        await done
+        return sent[0], first_due
+
+    sent, first_due = asyncio.run(main())
+    assert sent == 4
+    assert math.isclose(first_due / PACE_SECONDS, round(first_due / PACE_SECONDS), abs_tol=1e-6)
+
+
+def test_senders_due_in_one_step_are_sent_by_one_timer_callback() -> None:
+    """Twenty senders started together: their sends share the loop's passes (one callback sends
+    all that are due), where a task each would wake twenty times."""
+
+    async def main() -> list[list[int]]:
+        loop = asyncio.get_running_loop()
+        pacer, now = Pacer.of(loop), passes(loop)
+        sent_in: list[list[int]] = [[] for _ in range(20)]
+        await asyncio.gather(
+            *(pacer.repeat(0.2, lambda i=i: sent_in[i].append(now()), count=3) for i in range(20))  # type: ignore[misc]
+        )
+        return sent_in
+
+    sent_in = asyncio.run(main())
+    assert all(len(s) == 3 for s in sent_in)
+    # One pass of the loop per round of sends, not twenty.
+    assert len({p for sender in sent_in for p in sender}) == 3
+
+
+def test_a_cancelled_sender_stops_and_the_others_go_on() -> None:
+    async def main() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        pacer = Pacer.of(loop)
+        counts = [0, 0]
+
+        def bump(i: int) -> None:
+            counts[i] += 1
+
+        stopped = pacer.repeat(PACE_SECONDS, lambda: bump(0))
+        going = pacer.repeat(PACE_SECONDS, lambda: bump(1), count=10)
+        while counts[0] < 2:
+            await asyncio.sleep(PACE_SECONDS)
+        stopped.cancel()
+        at_cancel = counts[0]
+        await going
+        return counts[0] - at_cancel, counts[1]
+
+    after_cancel, others = asyncio.run(main())
+    assert after_cancel == 0
+    assert others == 10
+
+
+def test_a_send_that_raises_ends_its_sender_with_the_error_only() -> None:
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        pacer = Pacer.of(loop)
+        sent = []
+
+        def broken() -> None:
+            raise RuntimeError("a prober's bug")
+
+        failing = pacer.repeat(PACE_SECONDS, broken)
+        healthy = pacer.repeat(PACE_SECONDS, lambda: sent.append(1), count=5)
+        with pytest.raises(RuntimeError, match="a prober's bug"):
+            await failing
+        await healthy
+        return len(sent)
+
+    assert asyncio.run(main()) == 5
+
+
+def test_after_a_stall_a_sender_catches_up_one_send_per_pass() -> None:
+    """A blocked loop (0.5 s) behind a sender of 100 a second: its missed sends follow one per
+    pass of the loop, never several in one callback."""
+
+    async def main() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        now, sent_in = passes(loop), []
+        done = Pacer.of(loop).repeat(0.01, lambda: sent_in.append(now()), count=60)
+        await asyncio.sleep(0.05)
+        time.sleep(0.5)  # the stall: the loop is blocked
+        await done
+        return len(sent_in), max(sent_in.count(p) for p in set(sent_in))
+
+    sends, most_in_one_pass = asyncio.run(main())
+    assert sends == 60
+    assert most_in_one_pass == 1
+
+
+def test_a_loop_has_one_pacer() -> None:
+    async def main() -> bool:
+        loop = asyncio.get_running_loop()
+        return Pacer.of(loop) is Pacer.of(loop)
+
+    assert asyncio.run(main())
+    assert asyncio.run(main())  # and a new loop a new one (the old one's is forgotten with it)
