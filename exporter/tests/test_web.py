@@ -25,7 +25,16 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from pathprobe.config import WebSettings
-from pathprobe.web import RENDER_LEAD, RENDER_MARGIN_SECONDS, Limits, Scrapers, Snapshot, make_app, serve
+from pathprobe.web import (
+    MAX_AGE_SECONDS,
+    RENDER_LEAD,
+    RENDER_MARGIN_SECONDS,
+    Limits,
+    Scrapers,
+    Snapshot,
+    make_app,
+    serve,
+)
 from pathprobe.webconfig import WebConfigSource
 
 
@@ -98,19 +107,26 @@ def test_scrapers_expect_each_one_interval_after_its_last_scrape() -> None:
     assert scrapers.next_expected(171.0) == 221.0
 
 
-def test_renders_are_timed_just_ahead_of_a_steady_scrapers_next_scrape() -> None:
+def rendered_at(t: float, *scrapes: tuple[str, float]) -> Snapshot:
+    """A snapshot (refresh 5 s) whose last render began at `t`, after these scrapes (source, time)."""
     snap = snapshot(CollectorRegistry(), refresh=5.0)
-    snap.get(source="10.0.0.1")  # renders in the request (the first)
-    began = snap._tried
-    assert snap.next_render(began) == pytest.approx(began + 5.0)  # no interval known: every refresh
-    snap._scrapers.scraped("10.0.0.1", began + 15.0)  # a 15 s scraper
-    expected = snap._scrapers.next_expected(began + 15.0)
-    assert expected is not None and expected == pytest.approx(began + 30.0, abs=0.1)
-    lead = expected - snap.next_render(began + 15.0)  # just ahead of its next scrape
-    assert lead == pytest.approx(RENDER_MARGIN_SECONDS + RENDER_LEAD * snap._render_seconds)
-    snap._scrapers.scraped("10.0.0.2", began)
-    snap._scrapers.scraped("10.0.0.2", began + 1.0)  # and one scraping every second
-    assert snap.next_render(began + 1.0) == pytest.approx(began + 5.0)  # never sooner than refresh
+    snap._tried = t
+    for source, at in scrapes:
+        snap._scrapers.scraped(source, at)
+    return snap
+
+
+def test_renders_are_timed_just_ahead_of_a_steady_scrapers_next_scrape() -> None:
+    assert rendered_at(100.0).next_render(100.0) == 105.0  # no scraper known: every refresh
+    every_15s = rendered_at(114.9, ("a", 100.0), ("a", 115.0))
+    lead = 130.0 - every_15s.next_render(115.0)
+    assert lead == pytest.approx(RENDER_MARGIN_SECONDS + RENDER_LEAD * every_15s._render_seconds)
+    # Rendered for that scrape and it has not come: again `refresh` after it was due.
+    assert rendered_at(129.9, ("a", 100.0), ("a", 115.0)).next_render(130.0) == 135.0
+    # A 60 s scraper: a render ahead of its scrape, and none older than MAX_AGE_SECONDS meanwhile.
+    assert rendered_at(100.0, ("b", 40.0), ("b", 100.0)).next_render(100.0) == 100.0 + MAX_AGE_SECONDS
+    # Beside one scraping every second: never sooner than refresh.
+    assert rendered_at(114.0, ("a", 100.0), ("a", 115.0), ("c", 114.0), ("c", 115.0)).next_render(115.0) == 119.0
 
 
 def test_a_steady_scraper_gets_a_render_per_scrape_read_fresh() -> None:

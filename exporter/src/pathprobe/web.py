@@ -7,9 +7,10 @@ scrape returns the latest snapshot at once. Only the very first scrape renders i
 the request. Prometheus scrapes at a fixed interval, so each render is timed just
 ahead of the next scrape expected (Scrapers): a scraper that keeps its interval
 reads a snapshot a few render times old, and a render is made per scrape, not per
-`refresh` (at a 1m scrape interval, a twelfth of the renders). Renders are at least
+`refresh` (at a 15 s scrape interval, a third of the renders). Renders are at least
 `refresh` seconds apart (more when rendering is slow, so that it never takes more
-than 5% of a core); with no scraper keeping an interval, they come every `refresh`.
+than 5% of a core) and at most MAX_AGE_SECONDS; with no scraper keeping an interval,
+they come every `refresh`.
 What a scrape reads says how old it is (pathprobe_scrape_snapshot_age_seconds), and
 every result carries its own timestamp metric. A render that raises is logged and
 counted (pathprobe_scrape_render_errors_total) and the last good snapshot is served on,
@@ -101,6 +102,9 @@ class Stats:
 
 # A render falls due this many render times, and this much more, before the next scrape expected.
 RENDER_LEAD, RENDER_MARGIN_SECONDS = 2, 0.1
+# The oldest a snapshot gets while scrapes come (unless rendering is slow): half the 30 s after
+# which PathprobeMetricsSnapshotStale fires (monitoring params: snapshot_stale_seconds).
+MAX_AGE_SECONDS = 15.0
 
 
 class Scrapers:
@@ -177,17 +181,20 @@ class Snapshot:
         """When the next render falls due: just ahead of the next scrape expected (RENDER_LEAD
         render times before it), so that a scraper keeping its interval reads a snapshot that
         fresh, and every render is read; but no sooner than `refresh` after the last one began (nor
-        than 20 render times: at most 5% of a core). With no scraper keeping an interval (the
-        first scrapes, or a client now and then): every `refresh`."""
+        than 20 render times: at most 5% of a core), and no later than MAX_AGE_SECONDS after it
+        (a scrape that comes early, or another client, reads no older snapshot). With no scraper
+        keeping an interval (the first scrapes, or a client now and then): every `refresh`."""
         with self._lock:
             floor = self._tried + max(self.refresh, 20 * self._render_seconds)
             expected = self._scrapers.next_expected(now)
             lead = RENDER_LEAD * self._render_seconds + RENDER_MARGIN_SECONDS
         if expected is None:
-            return floor
-        if self._tried >= expected - lead:  # rendered for it already: again only if it is `refresh` late
-            return max(floor, expected + self.refresh)
-        return max(floor, expected - lead)
+            due = floor
+        elif self._tried >= expected - lead:  # rendered for it already: again only if it is `refresh` late
+            due = max(floor, expected + self.refresh)
+        else:
+            due = max(floor, expected - lead)
+        return min(due, max(floor, self._tried + MAX_AGE_SECONDS))
 
     def _refresh_loop(self) -> None:
         while not self._closed.is_set():
