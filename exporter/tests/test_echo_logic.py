@@ -96,9 +96,10 @@ def test_the_least_delayed_echo_gives_the_clock_offset() -> None:
         send(c, seq, time.perf_counter())
         resp.datagram_received(packet(seq, 64, now - sent_ago_ms * 1_000_000), ("198.18.1.2", 4000))
         c.datagram_received(echoes[-1], ("198.18.1.2", 9470))
-    assert len(offsets) == 3
-    # Same clock both ends: the offset is half the exchange's apparent delay, smallest for the second.
-    assert offsets[1] == offsets[2] and 0.0005 < offsets[1] < 0.0015
+    # Same clock both ends: the offset is half the exchange's apparent delay, smallest for the
+    # second; the third, slower, leaves it (the sink is told of changes only).
+    assert len(offsets) == 2
+    assert 0.0005 < offsets[1] < 0.0015
     assert offsets[0] == pytest.approx(0.25, abs=0.01)
 
 
@@ -315,7 +316,8 @@ def test_a_clock_off_by_less_than_the_delay_it_hides_in_is_not_caught(skew: floa
 @pytest.mark.parametrize("dscp", [0, 46])
 def test_marks_are_reflected_by_the_responder_over_real_sockets(dscp: int) -> None:
     """The prober marks its echoes (46: EF), the responder reads the mark each arrived with, writes it
-    into the answer and sends the answer with it; loopback keeps both: nothing changed."""
+    into the answer and sends the answer with it; loopback keeps both: nothing changed, so the sink
+    is told once (it counts changed marks: it hears of every echo whose mark changed, and of news)."""
     seen: list[tuple[int, int, int | None]] = []
     report = RttReport("udp", 0.005, 64)
     sink = ReportSink(report)
@@ -331,8 +333,8 @@ def test_marks_are_reflected_by_the_responder_over_real_sockets(dscp: int) -> No
             resp.close()
 
     asyncio.run(run())
-    assert len(seen) == report.received >= 9
-    assert set(seen) == {(dscp, dscp, dscp)}
+    assert report.received >= 9
+    assert seen == [(dscp, dscp, dscp)]
 
 
 def test_a_rewritten_mark_is_seen_in_its_direction() -> None:

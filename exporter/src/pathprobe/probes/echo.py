@@ -99,6 +99,8 @@ class EchoProber:
         self._jitter = 0.0
         self._memory = max(1024, int(settings.rate_pps * settings.timeout_seconds * 4))
         self._offsets = LeastDelayed(OFFSET_SAMPLES)
+        self._offset: float | None = None  # the clock offset the sink was last told
+        self._marks: tuple[int, int, int | None] | None = None  # the marks it was last told (sent, forward, reverse)
         self._stamping = False  # whether the flows' sockets give transmit stamps
         self._sent_ns: dict[int, int] = {}  # seq -> the kernel's transmit stamp, of packets in flight
         # A held echo whose follow-up has not come by then (the flow's next answer lost) counts as it is.
@@ -168,7 +170,10 @@ class EchoProber:
         if len(data) >= wire.ECHO_MARK_OFFSET + wire.ECHO_MARK.size:
             read, forward = wire.ECHO_MARK.unpack_from(data, wire.ECHO_MARK_OFFSET)
             if read:
-                self.sink.marks(self.settings.dscp, forward >> 2, None if tos is None else tos >> 2)
+                marks = (self.settings.dscp, forward >> 2, None if tos is None else tos >> 2)
+                if marks != self._marks or marks[1] != marks[0] or marks[2] not in (None, marks[1]):
+                    self._marks = marks  # the sink counts changed marks: told of each, and of any other news
+                    self.sink.marks(*marks)
         self._follow_up(f, sample, data)
 
     def _follow_up(self, f: _Flow, sample: _Sample, echo: bytes) -> None:
@@ -220,7 +225,9 @@ class EchoProber:
         # The offset as NTP's on-wire method takes it, from clock reads (as it always was here).
         offset, delay = stamps.clock_offset(sent_ns, took_ns, answered_ns, time.time_ns())
         best_delay, best_offset = self._offsets.add(delay, offset)
-        self.sink.clock_offset(best_offset)
+        if best_offset != self._offset:
+            self._offset = best_offset
+            self.sink.clock_offset(best_offset)
         peer_bound = None
         if len(echo) >= wire.ECHO_BOUND_OFFSET + wire.ECHO_BOUND.size:
             (bound_ns,) = wire.ECHO_BOUND.unpack_from(echo, wire.ECHO_BOUND_OFFSET)
