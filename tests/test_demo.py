@@ -173,9 +173,26 @@ def throughput_alerts_margin() -> str:
         f"min_over_time(({best}\n{two_tests})[{SILENT_SECONDS}s:15s])"))  # fmt: skip
     ratio = "path:pathprobe_throughput_expected_ratio:last"
     worst = min(query(f"min_over_time({ratio}[{SILENT_SECONDS}s])"), key=lambda r: float(r["value"][1]))
-    test = {k: v for k, v in worst["metric"].items() if k in ("host", "peer", "streams", "direction")}
+    test = {k: v for k, v in worst["metric"].items() if k in ("host", "peer", "protocol", "streams", "direction")}
     return (f"the throughput alerts' lowest value ({window} window) {closest:.3f}, the worst test "
-            f"{float(worst['value'][1]):.3f} ({test})")  # fmt: skip
+            f"{float(worst['value'][1]):.3f} ({test}: {how_it_ran(ratio, test)})")  # fmt: skip
+
+
+def how_it_ran(ratio: str, test: dict[str, str]) -> str:
+    """How the test behind a series' lowest ratio in the silent window ran: whether it stopped at a
+    settled rate, how long it took, its retransmits (each a test's last result, held until the next)."""
+    matchers = ",".join(f'{k}="{v}"' for k, v in test.items())
+    ratios = query(f"{ratio}{{{matchers}}}[{SILENT_SECONDS}s]")
+    if not ratios:
+        return "its samples not found"
+    lowest_at = min(ratios[0]["values"], key=lambda s: float(s[1]))[0]
+    found = []
+    for name in ("pathprobe_throughput_converged", "pathprobe_throughput_test_duration_seconds",
+                 "pathprobe_throughput_retransmits"):  # fmt: skip
+        series = query(f"{name}{{{matchers}}}[{SILENT_SECONDS}s]")
+        then = [v for t, v in series[0]["values"] if t <= lowest_at] if series else []
+        found.append(f"{name.removeprefix('pathprobe_throughput_')} {then[-1] if then else 'absent'}")
+    return ", ".join(found)
 
 
 CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
