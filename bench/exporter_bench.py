@@ -116,8 +116,9 @@ def rss_mb(pid: int) -> float:
 
 
 def exporter_cost(peers: int, probes: dict, seconds: float = 30, profile: Path | None = None) -> tuple[float, float]:
-    """(share of one core, RSS MB) of a real `pathprobe run`, measured over `seconds`; with
-    `profile`, run under cProfile, which writes its statistics there as the exporter stops."""
+    """(share of one core, RSS MB) of a real `pathprobe run`, scraped every SCRAPE_INTERVAL and
+    measured over `seconds`; with `profile`, run under cProfile, which writes its statistics
+    there as the exporter stops."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg_file = Path(tmp) / "bench.yaml"
         cfg_file.write_text(yaml.safe_dump(mesh(peers, **probes)))
