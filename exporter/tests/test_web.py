@@ -103,6 +103,7 @@ def test_scrapers_expect_each_one_interval_after_its_last_scrape() -> None:
     scrapers.scraped("10.0.0.2", 161.0)
     assert scrapers.next_expected(116.0) == 130.0  # the earlier of 115 + 15 and 161 + 60
     assert scrapers.next_expected(146.0) == 221.0  # the first missed two intervals: no longer expected
+    assert scrapers.next_expected(116.0, shortest=30.0) == 221.0  # the 15 s one is too frequent to time for
     scrapers.scraped("10.0.0.3", 170.0)  # a third source: the one unheard of longest is forgotten
     assert scrapers.next_expected(171.0) == 221.0
 
@@ -125,8 +126,11 @@ def test_renders_are_timed_just_ahead_of_a_steady_scrapers_next_scrape() -> None
     assert rendered_at(129.9, ("a", 100.0), ("a", 115.0)).next_render(130.0) == 135.0
     # A 60 s scraper: a render ahead of its scrape, and none older than MAX_AGE_SECONDS meanwhile.
     assert rendered_at(100.0, ("b", 40.0), ("b", 100.0)).next_render(100.0) == 100.0 + MAX_AGE_SECONDS
-    # Beside one scraping every second: never sooner than refresh.
-    assert rendered_at(114.0, ("a", 100.0), ("a", 115.0), ("c", 114.0), ("c", 115.0)).next_render(115.0) == 119.0
+    # One scraping every second (a test that polls): every refresh, as if none were known.
+    assert rendered_at(100.0, ("c", 99.0), ("c", 100.0)).next_render(100.0) == 105.0
+    # Beside the 15 s one: timed for that one (no render made yet: its lead is the margin alone).
+    both = rendered_at(120.0, ("a", 100.0), ("a", 115.0), ("c", 119.0), ("c", 120.0))
+    assert both.next_render(120.0) == pytest.approx(130.0 - RENDER_MARGIN_SECONDS)
 
 
 def test_a_steady_scraper_gets_a_render_per_scrape_read_fresh() -> None:

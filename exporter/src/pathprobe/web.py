@@ -122,11 +122,11 @@ class Scrapers:
         if len(self._seen) > self.kept:
             del self._seen[next(iter(self._seen))]  # the one unheard of longest
 
-    def next_expected(self, now: float) -> float | None:
-        """The earliest next scrape of a scraper keeping its interval (its last scrape less than two
-        intervals ago); None when none does. Past `now` when a scrape is due and late."""
+    def next_expected(self, now: float, shortest: float = 0.0) -> float | None:
+        """The earliest next scrape of a scraper keeping an interval of at least `shortest` (its last
+        scrape less than two intervals ago); None when none does. Past `now` when a scrape is due and late."""
         expected = [last + interval for last, interval in list(self._seen.values())
-                    if interval and now - last < 2 * interval]  # fmt: skip
+                    if interval and interval >= shortest and now - last < 2 * interval]  # fmt: skip
         return min(expected, default=None)
 
 
@@ -186,7 +186,8 @@ class Snapshot:
         keeping an interval (the first scrapes, or a client now and then): every `refresh`."""
         with self._lock:
             floor = self._tried + max(self.refresh, 20 * self._render_seconds)
-            expected = self._scrapers.next_expected(now)
+            # A scraper more often than `refresh` gets a render per `refresh` (as it always did), not timed for it.
+            expected = self._scrapers.next_expected(now, shortest=self.refresh)
             lead = RENDER_LEAD * self._render_seconds + RENDER_MARGIN_SECONDS
         if expected is None:
             due = floor
