@@ -155,6 +155,26 @@ def test_a_steady_scraper_gets_a_render_per_scrape_read_fresh() -> None:
     assert max(ages[3:]) < 0.3  # each read a render made after the scrape before
 
 
+def test_a_client_polling_after_a_pause_reads_a_new_snapshot_within_a_refresh() -> None:
+    """A client that polls in bursts (a test waiting for a value): the first poll after a pause looks
+    like a slow scraper's, and the render thread times the next render for that one's next scrape.
+    The polls after it are fast; the thread times its render again at each one, so the burst reads
+    a new snapshot within a refresh, not at the slow scraper's next scrape."""
+    r, g = registry_with(1)
+    snap = snapshot(r, refresh=0.2)
+    snap.get(source="10.0.0.2")  # the render thread starts
+    now = time.monotonic()
+    with snap._lock:
+        snap._scrapers.scraped("10.0.0.1", now - 5.0)
+        snap._scrapers.scraped("10.0.0.1", now)  # the poll after a 5 s pause: its next expected in 5 s
+    time.sleep(0.5)  # the thread has timed its render for then (it looks again at least every refresh)
+    g.set(2)
+    began = time.monotonic()
+    while b"pathprobe_test_value 2.0" not in snap.get(source="10.0.0.1") and time.monotonic() - began < 6:
+        time.sleep(0.05)
+    assert time.monotonic() - began < 1.0  # not the 4.5 s to the slow scraper's next scrape
+
+
 class Breaks:
     """A collector that raises while `broken` is set, as a render once did on a removed peer."""
 

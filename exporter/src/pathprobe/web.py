@@ -146,6 +146,7 @@ class Snapshot:
         self._last_scrape = 0.0
         self._scrapers = Scrapers()
         self._scraped = threading.Event()
+        self._news = threading.Event()  # a scrape (or close) since the render thread last timed its render
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
         self.render_errors = 0
@@ -200,10 +201,11 @@ class Snapshot:
     def _refresh_loop(self) -> None:
         while not self._closed.is_set():
             self._scraped.wait()
-            if self._closed.wait(max(0.0, self.next_render(time.monotonic()) - time.monotonic())):
+            self._news.clear()
+            if self._closed.is_set():
                 return
-            if self.next_render(time.monotonic()) > time.monotonic():
-                continue  # a scrape came meanwhile: the next one is expected later
+            if self._news.wait(max(0.0, self.next_render(time.monotonic()) - time.monotonic())):
+                continue  # a scrape came meanwhile: the render is timed again (or the snapshot closed)
             self.render()
             if time.monotonic() - self._last_scrape > self.idle_after:
                 self._scraped.clear()  # nobody scrapes: stop rendering until someone does
@@ -212,6 +214,7 @@ class Snapshot:
         """Stop the background renders (a process's last snapshot is never closed: it exits)."""
         self._closed.set()
         self._scraped.set()
+        self._news.set()
 
     def get(self, gzipped: bool = False, source: str = "") -> bytes:
         """The latest snapshot, plus its age; gzip members concatenate, so the trailer is a member of its own.
@@ -226,6 +229,7 @@ class Snapshot:
         if first:
             self.render()
         self._scraped.set()
+        self._news.set()
         with self._lock:
             trailer = _trailer(time.monotonic() - self._taken, self._render_seconds, self.render_errors)
         if self.stats is not None:
