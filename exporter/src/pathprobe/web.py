@@ -125,7 +125,7 @@ class Scrapers:
     def next_expected(self, now: float, shortest: float = 0.0) -> float | None:
         """The earliest next scrape of a scraper keeping an interval of at least `shortest` (its last
         scrape less than two intervals ago); None when none does. Past `now` when a scrape is due and late."""
-        expected = [last + interval for last, interval in list(self._seen.values())
+        expected = [last + interval for last, interval in self._seen.values()
                     if interval and interval >= shortest and now - last < 2 * interval]  # fmt: skip
         return min(expected, default=None)
 

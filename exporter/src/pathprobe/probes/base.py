@@ -115,8 +115,8 @@ class Pacer:
         assert self._timer is not None
         fired_at, self._timer = self._timer.when(), None
         now = self._loop.time()
-        again = []
-        while self._queue and self._queue[0][0] <= max(now, fired_at):
+        until, again = max(now, fired_at), []
+        while self._queue and self._queue[0][0] <= until:
             sender = heapq.heappop(self._queue)[2]
             if sender.done.done():  # cancelled: its prober stopped
                 continue
