@@ -528,6 +528,7 @@ class MetricsServer:
         self.max_connections = limits.connections or default_connections()
         self._by_source: dict[str, list[_Conn]] = {}  # oldest first
         self._tasks: set[asyncio.Task[None]] = set()  # every connection's, closing ones included
+        self._stopping = False
         self._open = 0
         # Accepted, not yet given a stream: by source, and the sources in turn (`_start_some`).
         self._waiting: dict[str, collections.deque[socket.socket]] = {}
@@ -637,6 +638,7 @@ class MetricsServer:
         self.listener.close()
 
     async def _stop(self) -> None:
+        self._stopping = True
         self._loop.remove_reader(self.listener)
         for waiting in self._waiting.values():
             for sock in waiting:
@@ -704,9 +706,12 @@ class MetricsServer:
             async with asyncio.timeout(self.limits.deadline_seconds) as whole:
                 clean = await self._exchange(conn, reader, writer)
         except asyncio.CancelledError:
-            if not conn.evicted:
+            if not (conn.evicted or self._stopping):
                 raise
-            task.uncancel()  # displaced by a newer connection: counted, nothing more to do
+            # Displaced by a newer connection (counted), or the server stops: nothing more to do.
+            # Python 3.11's streams log a connection task that ends cancelled as an error (their
+            # done callback asks it for its exception), so it ends as a return.
+            task.uncancel()
         except TimeoutError:
             self.stats.refuse("deadline" if whole.expired() else "timeout")
         except (OSError, asyncio.IncompleteReadError) as exc:  # resets, a client gone mid-request
@@ -716,7 +721,11 @@ class MetricsServer:
             if not clean or conn.evicted:
                 writer.transport.abort()
         if clean:
-            await _close(writer)
+            try:
+                await _close(writer)
+            except asyncio.CancelledError:  # the server stops (released: no eviction reaches it)
+                writer.transport.abort()
+                task.uncancel()
 
     async def _exchange(self, conn: _Conn, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         """TLS handshake, request, answer, each under its deadline; True once the answer is out whole.
