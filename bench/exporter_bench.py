@@ -41,7 +41,7 @@ from pathprobe.config import Config
 from pathprobe.exporter import Exporter
 from pathprobe.metrics import TestKey, registry
 from pathprobe.probes import ThroughputResult
-from pathprobe.probes.base import PACE_SECONDS, Pacer, sleep_until
+from pathprobe.probes.base import PACE_SECONDS, OneWay, Pacer, sleep_until
 from pathprobe.web import serve
 
 PATHPROBE = [sys.executable, "-m", "pathprobe"]
@@ -426,7 +426,8 @@ def render_ms(peers: int = 50, renders: int = 20) -> float:
         for peer in cfg.peers:
             for protocol in ("tcp", "udp"):
                 rooms.rtt.observe(peer.name, protocol, rnd.uniform(0.07, 0.08))
-            rooms.owd.observe(peer.name, rnd.uniform(0.03, 0.04), rnd.uniform(0.03, 0.04), 1e-6)
+            delays = OneWay(rnd.uniform(0.03, 0.04), rnd.uniform(0.03, 0.04), 1e-6, 0.0)
+            rooms.owd.observe(peer.name, delays, now[0], "idle")
     reg = registry(rooms)
     began = time.process_time()
     for _ in range(renders):

@@ -34,6 +34,7 @@ from pathprobe.metrics import TestKey, registry
 from pathprobe.metrics.rtt import STATES
 from pathprobe.plan import plan
 from pathprobe.probes import ThroughputResult
+from pathprobe.probes.base import OneWay
 from pathprobe.schedule import Schedule
 from pathprobe.web import Snapshot, Stats
 
@@ -97,9 +98,8 @@ def series_model(settings: dict | None = None) -> SeriesModel:
         echo = rooms.echo_sink(peer.name)
         for state in states:  # one-way delays, idle and loaded, each way, trusted (10 ms against 20 us)
             ex.load_state = lambda _peer, _now, state=state: state  # type: ignore[method-assign]
-            echo.one_way(0.01, 0.01, 1e-5, 0.0)
+            echo.received(0.02, jitter=0.0, one_way=OneWay(0.01, 0.01, 1e-5, 0.0))
         echo.marks(0, 0, 0)
-        echo.jitter(0.0)
         echo.flows_failing(0, 0.0)
         echo.lost_by_direction(0, 0)
         rooms.echo.flows_failing(peer.name, "tcp", 0)

@@ -16,7 +16,9 @@ from pathprobe.config import TestSpec as Spec
 from pathprobe.expected import RttWindow
 from pathprobe.exporter import Exporter, schedule_of
 from pathprobe.metrics import registry
+from pathprobe.metrics.owd import OwdKey
 from pathprobe.probes import Reason, Target, ThroughputResult, ThroughputTest
+from pathprobe.probes.base import OneWay
 from pathprobe.probes.report import Summary
 
 
@@ -105,12 +107,14 @@ def test_a_followed_up_sample_counts_as_idle_or_loaded_by_when_it_was_taken(tmp_
     e.load_state = lambda peer, now: "loaded" if now >= 995.0 else "idle"  # a test from 995 on
     e.rooms.rtt_sink("b", 8, RttWindow()).rtt(0.007, age=8.0)
     echo = e.rooms.echo_sink("c")
-    echo.received(0.0004, age=8.0)
-    echo.received(0.0005)
+    echo.received(0.0004, age=8.0, one_way=OneWay(0.0002, 0.0002, None, 0.0))
+    echo.received(0.0005, one_way=OneWay(0.0002, 0.0003, None, 0.0))
     got = samples(e)
     assert value(got, "pathprobe_rtt_seconds_count", peer="b", protocol="tcp", state="idle") == 1
-    assert value(got, "pathprobe_rtt_seconds_count", peer="c", protocol="udp", state="idle") == 1
-    assert value(got, "pathprobe_rtt_seconds_count", peer="c", protocol="udp", state="loaded") == 1
+    for state, reverse in (("idle", 0.0002), ("loaded", 0.0003)):  # an echo's RTT and delays in one state
+        assert value(got, "pathprobe_udp_packets_received_total", peer="c", state=state) == 1
+        assert value(got, "pathprobe_rtt_seconds_count", peer="c", protocol="udp", state=state) == 1
+        assert e.rooms.owd.windows[OwdKey("c", "reverse", state)].total == reverse
 
 
 def test_loaded_packets_of_a_peer_without_tests_are_exported(tmp_path: Path) -> None:
@@ -600,8 +604,7 @@ def test_what_arrives_for_a_peer_a_reload_removed_is_dropped_at_the_door(tmp_pat
     rtt.failure("timeout")
     rtt.flows_failing(1)
     echo.sent(64)
-    echo.received(0.01)
-    echo.jitter(0.001)
+    echo.received(0.01, jitter=0.001)
     echo.flows_failing(1, 0.5)
     echo.lost_by_direction(1, 1)
     mtu.mtu(1500, True, None)

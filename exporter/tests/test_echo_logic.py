@@ -14,6 +14,7 @@ from pathprobe.allow import AllowList
 from pathprobe.clock import one_way_untrusted
 from pathprobe.config import LossSettings
 from pathprobe.probes import EchoProber, Target
+from pathprobe.probes.base import OneWay
 from pathprobe.probes.echo import LeastDelayed
 from pathprobe.probes.report import ReportSink, RttReport, describe_one_way
 from pathprobe.responders.echo import EchoResponder
@@ -29,6 +30,18 @@ def client(timeout: float = 1.0) -> tuple[EchoProber, RttReport]:
     report = RttReport("udp", 0.01, 64)
     settings = LossSettings(rate_pps=100, size_bytes=64, timeout_seconds=timeout)
     return EchoProber(Target("198.18.1.2", 9470), settings, ReportSink(report)), report
+
+
+def one_ways(c: EchoProber) -> list[OneWay]:
+    """Each answered echo's one-way delays, as the prober hands them to its sink, from now on."""
+    seen: list[OneWay] = []
+
+    def received(_rtt: float, _age: float = 0.0, _jitter: float | None = None, one_way: OneWay | None = None) -> None:
+        if one_way is not None:
+            seen.append(one_way)
+
+    c.sink.received = received  # type: ignore[method-assign]
+    return seen
 
 
 def send(c: EchoProber, seq: int, at: float) -> None:
@@ -267,9 +280,8 @@ def test_a_refusing_port_counts_each_packet_once() -> None:
 def test_each_echo_gives_both_one_way_delays_and_the_responders_bound() -> None:
     """The responder's stamps (its kernel's arrival, its clock as it answered) against this host's
     send and arrival stamps: each direction's delay, and the clock error bound it states."""
-    seen: list[tuple[float, float, float | None]] = []
     c, _ = client()
-    c.sink.one_way = lambda forward, reverse, bound, _apart, _age=0.0: seen.append((forward, reverse, bound))  # type: ignore[method-assign]
+    seen = one_ways(c)
     resp = EchoResponder(AllowList(["0.0.0.0/0"]), max_pps_per_source=100, count=lambda *_: None, bound=lambda: 50e-6)
     echoes: list[bytes] = []
     resp.sendto = lambda data, addr, *_: echoes.append(data)  # type: ignore[method-assign]
@@ -279,7 +291,7 @@ def test_each_echo_gives_both_one_way_delays_and_the_responders_bound() -> None:
         resp.datagram_received(packet(seq, size, sent), ("198.18.1.2", 4000), arrived_ns=sent + 3_000_000)
         _, answered = ECHO_CLOCKS.unpack_from(echoes[-1], ECHO_CLOCKS_OFFSET)
         c.datagram_received(echoes[-1], ("198.18.1.2", 9470), arrived_ns=answered + 2_000_000)
-    assert seen == [(0.003, 0.002, 50e-6), (0.003, 0.002, None)]
+    assert [w[:3] for w in seen] == [(0.003, 0.002, 50e-6), (0.003, 0.002, None)]
 
 
 @pytest.mark.parametrize(("skew", "caught"), [(0.005, False), (-0.025, False), (0.050, True), (-0.035, True)])
@@ -291,9 +303,8 @@ def test_a_clock_off_by_less_than_the_delay_it_hides_in_is_not_caught(skew: floa
     the point where that delay comes out negative. Below that, the two delays read shifted by the
     skew, one up and one down, and are exported."""
     out, back = 0.030, 0.044
-    seen: list[tuple[float, float, float]] = []
     c, _ = client()
-    c.sink.one_way = lambda forward, reverse, _bound, apart, _age=0.0: seen.append((forward, reverse, apart))  # type: ignore[method-assign]
+    seen = one_ways(c)
     resp = EchoResponder(AllowList(["0.0.0.0/0"]), max_pps_per_source=100, count=lambda *_: None)
     echoes: list[bytes] = []
     resp.sendto = lambda data, addr, *_: echoes.append(data)  # type: ignore[method-assign]
@@ -306,7 +317,7 @@ def test_a_clock_off_by_less_than_the_delay_it_hides_in_is_not_caught(skew: floa
     ECHO_REFLECTED.pack_into(echo, ECHO_HOLD_OFFSET, 0, 1)
     ECHO_CLOCKS.pack_into(echo, ECHO_CLOCKS_OFFSET, took, took)
     c.datagram_received(bytes(echo), ("198.18.1.2", 9470), arrived_ns=arrived_there + round(back * 1e9))
-    ((forward, reverse, apart),) = seen
+    ((forward, reverse, _, apart),) = seen
     assert forward == pytest.approx(out + skew, abs=1e-9) and reverse == pytest.approx(back - skew, abs=1e-9)
     negative = min(forward, reverse) < 0
     assert negative == caught and (apart > 2e-6) == caught, (forward, reverse, apart)
@@ -360,7 +371,7 @@ def one_off(own: float | None, peer: float | None, delays: list[tuple[float, flo
     report = RttReport("udp", 0.01, 64, own_bound=own)
     sink = ReportSink(report)
     for forward, reverse in delays:
-        sink.one_way(forward, reverse, peer, apart)
+        sink.received(forward + reverse, one_way=OneWay(forward, reverse, peer, apart))
     return report
 
 

@@ -8,6 +8,7 @@ import pytest
 from pathprobe.clock import ClockErrorBound
 from pathprobe.config import ClockSettings, Config
 from pathprobe.metrics.owd import OwdRoom
+from pathprobe.probes.base import OneWay
 
 NOW = 1_800_000_000.0
 
@@ -19,7 +20,7 @@ def room(own_bound: float | None = 20e-6) -> OwdRoom:
     })  # fmt: skip
     bound = ClockErrorBound(ClockSettings(source="stated", error_bound_seconds=own_bound or 1.0))
     bound.seconds = own_bound
-    return OwdRoom(cfg, lambda _peer, _now: "idle", bound, clock=lambda: NOW)
+    return OwdRoom(cfg, bound, clock=lambda: NOW)
 
 
 def read(r: OwdRoom) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -36,7 +37,7 @@ def feed(r: OwdRoom, delays: tuple[float, float], *, peer_bound: float | None = 
          apart: float = 10e-6) -> None:  # fmt: skip
     """n echoes of these (forward, reverse) delays."""
     for _ in range(n):
-        r.observe("b", *delays, peer_bound, apart)
+        r.observe("b", OneWay(*delays, peer_bound, apart), NOW, "idle")
 
 
 def test_trusted_delays_are_exported_by_direction_with_their_error_bound() -> None:

@@ -41,7 +41,7 @@ class Rooms:
         self.throughput = ThroughputRoom(cfg, self.outcomes.ledger("throughput"))
         self.rtt = RttRoom(cfg, load_state, clock)
         self.echo = EchoRoom(cfg, load_state, self.rtt, clock)
-        self.owd = OwdRoom(cfg, load_state, clock_bound, clock)
+        self.owd = OwdRoom(cfg, clock_bound, clock)
         self.host = HostRoom(cfg, timetable, budget, clock)
 
     def use(self, cfg: Config, timetable: Timetable) -> None:

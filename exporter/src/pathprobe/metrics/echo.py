@@ -14,10 +14,11 @@ from prometheus_client.core import Metric
 
 from ..config import Config
 from ..probes import Reason
+from ..probes.base import OneWay
 from .common import PEER, STATE_DOC, Room, Scope, counter, gauge, peer_labels
 from .outcomes import Ledger
 from .owd import OwdRoom
-from .rtt import STATES, LoadState, RttRoom
+from .rtt import STATES, LoadState, RttKey, RttRoom
 
 UDP_COUNTS = ("sent", "received", "lost", "duplicate", "reordered", "late")
 COMPACT_UDP_COUNTS = ("sent", "lost")  # what a compact peer (mesh.compact_outside) keeps: what the rules read
@@ -91,15 +92,14 @@ class EchoRoom(Room):
         self-inflicted: kept apart, by when the packet was sent (`age` seconds ago), not when
         its timeout ran out."""
         if self.admits(peer):
-            key = UdpKey(peer, self.load_state(peer, self.clock() - age))
-            counts = self.udp.get(key)
-            if counts is None:
-                counts = self.udp[key] = Counter()
-            counts[what] += 1
+            self.tally(UdpKey(peer, self.load_state(peer, self.clock() - age)), what)
 
-    def set_jitter(self, peer: str, seconds: float) -> None:
-        if self.admits(peer):
-            self.jitter[peer] = seconds
+    def tally(self, key: UdpKey, what: str) -> None:
+        """One packet's outcome, of an admitted peer in the state its key says."""
+        counts = self.udp.get(key)
+        if counts is None:
+            counts = self.udp[key] = Counter()
+        counts[what] += 1
 
     def flows_failing(self, peer: str, protocol: str, count: int) -> None:
         if self.admits(peer):
@@ -251,10 +251,20 @@ class EchoSink:
         self.room.count(self.peer, "sent")
         self.ledger.moved(self.peer, size)
 
-    def received(self, rtt: float, age: float = 0.0) -> None:
-        self.room.count(self.peer, "received")
-        self.room.rtt.observe(self.peer, "udp", rtt, age)
-        self.ledger.success(self.peer)
+    def received(self, rtt: float, age: float = 0.0, jitter: float | None = None,
+                 one_way: OneWay | None = None) -> None:  # fmt: skip
+        room, peer = self.room, self.peer
+        if not room.admits(peer):  # the RTT and one-way delay rooms serve the same config (Rooms.use)
+            return
+        now = room.clock() - age
+        state = room.load_state(peer, now)  # once for all of the echo's figures: 5 times a second a peer
+        room.tally(UdpKey(peer, state), "received")
+        room.rtt.add(RttKey(peer, "udp", state), rtt, now)
+        if jitter is not None:
+            room.jitter[peer] = jitter
+        if one_way is not None:
+            self.owd.observe(peer, one_way, now, state)
+        self.ledger.success(peer)
 
     def lost(self, age: float) -> None:
         self.room.count(self.peer, "lost", age)
@@ -269,9 +279,6 @@ class EchoSink:
     def late(self) -> None:
         self.room.count(self.peer, "late")
 
-    def jitter(self, seconds: float) -> None:
-        self.room.set_jitter(self.peer, seconds)
-
     def failure(self, reason: Reason) -> None:
         self.ledger.failure(self.peer, reason)
 
@@ -284,10 +291,6 @@ class EchoSink:
 
     def clock_offset(self, seconds: float) -> None:
         self.room.set_clock_offset(self.peer, seconds)
-
-    def one_way(self, forward: float, reverse: float, peer_bound: float | None, clocks_apart: float,
-                age: float = 0.0) -> None:  # fmt: skip
-        self.owd.observe(self.peer, forward, reverse, peer_bound, clocks_apart, age)
 
     def marks(self, sent: int, forward: int, reverse: int | None) -> None:
         self.room.mark_seen(self.peer, "forward", sent, forward)

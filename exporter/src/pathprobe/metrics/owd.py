@@ -23,8 +23,9 @@ from prometheus_client.utils import floatToGoString
 
 from ..clock import ClockErrorBound, one_way_untrusted
 from ..config import Config
+from ..probes.base import OneWay
 from .common import PEER, Room
-from .rtt import RELATIVE_ACCURACY, LoadState, WindowedQuantiles
+from .rtt import RELATIVE_ACCURACY, WindowedQuantiles
 
 DIRECTIONS = ("forward", "reverse")  # this host -> peer, peer -> this host
 
@@ -36,10 +37,9 @@ class OwdKey(NamedTuple):
 
 
 class OwdRoom(Room):
-    def __init__(self, cfg: Config, load_state: LoadState, bound: ClockErrorBound,
-                 clock: Callable[[], float] = time.time):  # fmt: skip
+    def __init__(self, cfg: Config, bound: ClockErrorBound, clock: Callable[[], float] = time.time):
         super().__init__(cfg)
-        self.load_state, self.bound, self.clock = load_state, bound, clock
+        self.bound, self.clock = bound, clock
         self.windows: dict[OwdKey, WindowedQuantiles] = {}
         self.peer_bounds: dict[str, float | None] = {}  # the bound the peer's responder last stated
         self.clocks_apart: dict[str, float] = {}  # how far the clocks are apart at least, as last estimated
@@ -55,22 +55,15 @@ class OwdRoom(Room):
             for window in list(self.windows.values()):
                 window.resize(cfg.probes.rtt.quantile_window_seconds)
 
-    def observe(  # noqa: PLR0913, PLR0917 - an echo's figures, as its sink's one_way gets them
-        self, peer: str, forward: float, reverse: float, peer_bound: float | None, clocks_apart: float = 0.0,
-        age: float = 0.0,
-    ) -> None:  # fmt: skip
-        """An echo's delays, taken `age` seconds ago (RttRoom.observe)."""
-        if not self.admits(peer):
-            return
-        now = self.clock() - age
-        self.peer_bounds[peer] = peer_bound
-        self.clocks_apart[peer] = clocks_apart
-        if forward < 0 or reverse < 0:
+    def observe(self, peer: str, one_way: OneWay, now: float, state: str) -> None:
+        """An admitted peer's echo's delays, taken at `now` in `state` (EchoRoom.answered)."""
+        self.peer_bounds[peer] = one_way.peer_bound
+        self.clocks_apart[peer] = one_way.clocks_apart
+        if one_way.forward < 0 or one_way.reverse < 0:
             self.negative[peer] = now
             return
-        state = self.load_state(peer, now)
         window_seconds = self.scope.cfg.probes.rtt.quantile_window_seconds
-        for direction, seconds in zip(DIRECTIONS, (forward, reverse), strict=True):
+        for direction, seconds in zip(DIRECTIONS, (one_way.forward, one_way.reverse), strict=True):
             key = OwdKey(peer, direction, state)
             window = self.windows.get(key)
             if window is None:

@@ -141,10 +141,12 @@ class RttRoom(Room):
 
     def observe(self, peer: str, protocol: str, seconds: float, age: float = 0.0) -> None:
         """A sample taken `age` seconds ago: its state and window step are those of that time."""
-        if not self.admits(peer):
-            return
-        now = self.clock() - age
-        key = RttKey(peer, protocol, self.load_state(peer, now))
+        if self.admits(peer):
+            now = self.clock() - age
+            self.add(RttKey(peer, protocol, self.load_state(peer, now)), seconds, now)
+
+    def add(self, key: RttKey, seconds: float, now: float) -> None:
+        """A sample of an admitted peer, taken at `now` in the state its key says."""
         window = self.windows.get(key)
         if window is None:
             window = self.windows[key] = WindowedQuantiles(self.window_seconds)

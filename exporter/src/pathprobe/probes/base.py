@@ -20,7 +20,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from .throughput import ThroughputResult
@@ -185,25 +185,33 @@ class RttSink(Protocol):
     def flows_failing(self, count: int) -> None: ...
 
 
+class OneWay(NamedTuple):
+    """One echo's one-way delays (each off by the clocks' offset), the bound the peer's responder
+    states, and how far apart the clocks are at least (the on-wire offset less its own error)."""
+
+    forward: float
+    reverse: float
+    peer_bound: float | None
+    clocks_apart: float
+
+
 class EchoSink(Protocol):
     """Outcomes of the UDP echo prober, packet by packet."""
 
     def sent(self, size: int) -> None: ...
-    # age: seconds since the echo came back (a two-step responder's follow-up comes with the next answer)
-    def received(self, rtt: float, age: float = 0.0) -> None: ...
+    # An answered echo, in one call (its figures are recorded under one load state): its RTT, the
+    # RTT variation so far (None before a second answer), its one-way delays where the responder
+    # stamps; age: seconds since it came back (a two-step responder's follow-up comes with the next answer).
+    def received(self, rtt: float, age: float = 0.0, jitter: float | None = None,
+                 one_way: OneWay | None = None) -> None: ...  # fmt: skip
     def lost(self, age: float) -> None: ...  # age: seconds since the packet was sent
     def duplicate(self) -> None: ...
     def reordered(self) -> None: ...
     def late(self) -> None: ...
-    def jitter(self, seconds: float) -> None: ...
     def failure(self, reason: Reason) -> None: ...
     def flows_failing(self, count: int, worst_loss_ratio: float) -> None: ...
     def lost_by_direction(self, forward: int, reverse: int) -> None: ...
     def clock_offset(self, seconds: float) -> None: ...  # the peer's clock minus this host's
-    # One echo's one-way delays (each off by the clocks' offset), the bound the peer's responder
-    # states, and how far apart the clocks are at least (the on-wire offset less its own error).
-    def one_way(self, forward: float, reverse: float, peer_bound: float | None, clocks_apart: float,
-                age: float = 0.0) -> None: ...  # fmt: skip
     # The DSCP an echo was sent with, the one it reached the peer with, and the one the answer
     # (sent with that) came back with (None where this host's socket did not say).
     def marks(self, sent: int, forward: int, reverse: int | None) -> None: ...

@@ -25,8 +25,10 @@ from dataclasses import dataclass
 
 from .. import stamps, wire
 from ..config import LossSettings
-from .base import BACKOFF_SECONDS, EchoSink, FlowHealth, Pacer, Target, reason_of_oserror
+from .base import BACKOFF_SECONDS, EchoSink, FlowHealth, OneWay, Pacer, Target, reason_of_oserror
 
+# At most this often: the loss totals and the flows' health go to the sink (_account), and the held
+# echoes are looked at for an overdue follow-up (_expire).
 ACCOUNT_EVERY_SECONDS = 1.0
 # The clock offset reported is that of the least-delayed of this many recent exchanges (as
 # NTP's clock filter picks its sample): queueing on either way adds error to the others.
@@ -66,7 +68,7 @@ class _Sample:
     seq: int
     arrived: float  # perf_counter
     rtt: float
-    one_way: tuple[float, float, float | None, float] | None  # forward, reverse, peer bound, clocks apart
+    one_way: OneWay | None
 
 
 class _Flow:
@@ -91,7 +93,7 @@ class EchoProber:
         self._flows = [_Flow() for _ in range(settings.flows)]
         self._index: dict[int, tuple[int, int]] = {}  # recent seq -> (flow, index), for late echoes
         self._by_direction = (0, 0)
-        self._accounted = -ACCOUNT_EVERY_SECONDS
+        self._accounted = self._held_checked = -ACCOUNT_EVERY_SECONDS
         self._answered: OrderedDict[int, None] = OrderedDict()  # recent seqs, for duplicates
         self._expired: OrderedDict[int, None] = OrderedDict()  # recent lost seqs, for late echoes
         self._newest = -1
@@ -193,15 +195,14 @@ class EchoProber:
         """An echo's RTT and one-way delays to the sink, less its answer's `stretch` (seconds from
         the responder's clock read to its send, where a follow-up said it)."""
         rtt = max(0.0, sample.rtt - stretch)
+        jitter = None
         if self._last_rtt is not None:
-            self._jitter += (abs(rtt - self._last_rtt) - self._jitter) * JITTER_GAIN
-            self.sink.jitter(self._jitter)
+            jitter = self._jitter = self._jitter + (abs(rtt - self._last_rtt) - self._jitter) * JITTER_GAIN
         self._last_rtt = rtt
-        age = time.perf_counter() - sample.arrived
-        self.sink.received(rtt, age)
-        if sample.one_way is not None:
-            forward, reverse, peer_bound, clocks_apart = sample.one_way
-            self.sink.one_way(forward, reverse - stretch, peer_bound, clocks_apart, age)
+        one_way = sample.one_way
+        if one_way is not None and stretch:
+            one_way = one_way._replace(reverse=one_way.reverse - stretch)
+        self.sink.received(rtt, time.perf_counter() - sample.arrived, jitter, one_way)
 
     def _release_held(self, now: float, everything: bool = False) -> None:
         """Held echoes whose follow-up is overdue, as they are (all of them: `everything`)."""
@@ -210,8 +211,7 @@ class EchoProber:
                 self._observe(f.held, 0.0)
                 f.held = None
 
-    def _clocks(self, sent_ns: int, arrived_ns: int, hold_ns: int,
-                echo: bytes) -> tuple[float, float, float | None, float] | None:  # fmt: skip
+    def _clocks(self, sent_ns: int, arrived_ns: int, hold_ns: int, echo: bytes) -> OneWay | None:
         """From an echo's stamps, when its responder stamps (wire.py): the peer's clock offset (to
         the sink now), and each direction's delay (returned, with the peer's bound and how far apart
         the clocks are at least): out, to the request's arrival there (its answer's stamp less the
@@ -234,7 +234,8 @@ class EchoProber:
             peer_bound = bound_ns / 1e9 if bound_ns else None
         # The offset's own error is at most half its exchange's delay: beyond that, the clocks are apart.
         clocks_apart = max(0.0, abs(best_offset) - best_delay / 2)
-        return (answered_ns - hold_ns - sent_ns) / 1e9, (arrived_ns - answered_ns) / 1e9, peer_bound, clocks_apart
+        forward, reverse = (answered_ns - hold_ns - sent_ns) / 1e9, (arrived_ns - answered_ns) / 1e9
+        return OneWay(forward, reverse, peer_bound, clocks_apart)
 
     def _echoed(self, flow: int, index: int, reflected: int) -> None:
         f = self._flows[flow]
@@ -272,7 +273,10 @@ class EchoProber:
             table.popitem(last=False)
 
     def _expire(self, now: float, everything: bool = False) -> None:
-        self._release_held(now, everything)
+        # A held echo waits seconds for its follow-up: a look a second, not one at every send.
+        if everything or now - self._held_checked >= ACCOUNT_EVERY_SECONDS:
+            self._held_checked = now
+            self._release_held(now, everything)
         expired = False
         while self._outstanding:
             seq, (sent_at, flow, _) = next(iter(self._outstanding.items()))

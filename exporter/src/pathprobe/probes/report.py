@@ -8,7 +8,7 @@ from typing import Any
 from ..clock import one_way_untrusted
 from ..config import ClockSettings, default
 from ..units import format_seconds
-from .base import Reason
+from .base import OneWay, Reason
 
 # Why a run's one-way delays are withheld (clock.one_way_untrusted), for a reader.
 ONE_WAY_UNTRUSTED = {
@@ -132,9 +132,19 @@ class ReportSink:
     def sent(self, size: int) -> None:
         self.r.sent += 1
 
-    def received(self, rtt: float, age: float = 0.0) -> None:
+    def received(self, rtt: float, age: float = 0.0, jitter: float | None = None,
+                 one_way: OneWay | None = None) -> None:  # fmt: skip
         self.r.received += 1
         self.r.rtts.append(rtt)
+        if jitter is not None:
+            self.r.jitter_seconds = jitter
+        if one_way is not None:
+            self.r.peer_bound, self.r.clocks_apart = one_way.peer_bound, one_way.clocks_apart
+            if one_way.forward < 0 or one_way.reverse < 0:
+                self.r.negative = True
+            else:
+                self.r.forward.append(one_way.forward)
+                self.r.reverse.append(one_way.reverse)
 
     def lost(self, age: float) -> None:
         self.r.lost += 1
@@ -148,23 +158,11 @@ class ReportSink:
     def late(self) -> None:
         self.r.late += 1
 
-    def jitter(self, seconds: float) -> None:
-        self.r.jitter_seconds = seconds
-
     def flows_failing(self, count: int, worst_loss_ratio: float = 0.0) -> None:
         self.r.flows_failing, self.r.worst_flow_loss_ratio = count, worst_loss_ratio
 
     def clock_offset(self, seconds: float) -> None:
         pass
-
-    def one_way(self, forward: float, reverse: float, peer_bound: float | None, clocks_apart: float,
-                age: float = 0.0) -> None:  # fmt: skip
-        self.r.peer_bound, self.r.clocks_apart = peer_bound, clocks_apart
-        if forward < 0 or reverse < 0:
-            self.r.negative = True
-            return
-        self.r.forward.append(forward)
-        self.r.reverse.append(reverse)
 
     def marks(self, sent: int, forward: int, reverse: int | None) -> None:
         pass  # the exporter reports marks (pathprobe_dscp_received_info)
