@@ -56,7 +56,7 @@ class OwdRoom(Room):
                 window.resize(cfg.probes.rtt.quantile_window_seconds)
 
     def observe(self, peer: str, one_way: OneWay, now: float, state: str) -> None:
-        """An admitted peer's echo's delays, taken at `now` in `state` (EchoRoom.answered)."""
+        """An admitted peer's echo's delays, taken at `now` in `state` (the echo sink's received())."""
         self.peer_bounds[peer] = one_way.peer_bound
         self.clocks_apart[peer] = one_way.clocks_apart
         if one_way.forward < 0 or one_way.reverse < 0:
