@@ -63,7 +63,8 @@ def start(work: Path) -> subprocess.Popen[bytes]:
                    "mtu": {"enabled": False}},
         "responders": {"listen": HOST, "rr_port": RR, "echo_port": RR, "allow": [f"{HOST}/32"]},
         "iperf3": {"port": IPERF3, "admit": "peers"},
-        "web": {"listen": f"{HOST}:{WEB}", "config_file": str(work / "web.yml")},
+        # Renders every 0.5 s, not 5: the bench reads the counts of a snapshot rendered after each attack.
+        "web": {"listen": f"{HOST}:{WEB}", "config_file": str(work / "web.yml"), "refresh_seconds": 0.5},
         "budget": {"state_file": str(work / "budget.json")},
     }  # fmt: skip
     path = work / "target.yaml"

@@ -176,6 +176,24 @@ def test_a_client_polling_after_a_pause_reads_a_new_snapshot_within_a_refresh() 
     assert time.monotonic() - began < 1.0  # not the 4.5 s to the slow scraper's next scrape
 
 
+def test_the_refresh_setting_reaches_the_served_snapshot() -> None:
+    """web.refresh_seconds sets how often a client polling /metrics faster than it sees a new
+    render: at 0.2 s a new value shows within a few refreshes, well before the default 5 s."""
+    r, g = registry_with(1)
+    server = serve(WebSettings(listen="127.0.0.1:0", refresh_seconds=0.2), r)
+    try:
+        port = server.server_address[1]
+        assert b"pathprobe_test_value 1.0" in scrape(port, tls=False)[1]
+        g.set(2)
+        began = time.monotonic()
+        while b"pathprobe_test_value 2.0" not in scrape(port, tls=False)[1] and time.monotonic() - began < 6:
+            time.sleep(0.05)
+        assert time.monotonic() - began < 2.5  # 5 s or more with the default refresh
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 class Breaks:
     """A collector that raises while `broken` is set, as a render once did on a removed peer."""
 

@@ -8,7 +8,7 @@ the request. Prometheus scrapes at a fixed interval, so each render is timed jus
 ahead of the next scrape expected (Scrapers): a scraper that keeps its interval
 reads a snapshot a few render times old, and a render is made per scrape, not per
 `refresh` (at a 15 s scrape interval, a third of the renders). Renders are at least
-`refresh` seconds apart (more when rendering is slow, so that it never takes more
+`refresh` seconds apart (`web.refresh_seconds`; more when rendering is slow, so that it never takes more
 than 5% of a core) and at most MAX_AGE_SECONDS; with no scraper keeping an interval,
 they come every `refresh`.
 What a scrape reads says how old it is (pathprobe_scrape_snapshot_age_seconds), and
@@ -794,7 +794,7 @@ def serve(  # noqa: PLR0913 - the settings, the registry, and what the exporter 
     try:
         listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, limits.defer_accept_seconds)
         stats = Stats(web_config)
-        snapshot = Snapshot(registry, stats=stats)
+        snapshot = Snapshot(registry, refresh=settings.refresh_seconds, stats=stats)
         app = make_app(snapshot, web_config, reload if settings.enable_lifecycle else None, ready)
         return MetricsServer(listener, app, stats=stats, web_config=web_config, limits=limits)
     except BaseException:
