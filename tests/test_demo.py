@@ -180,7 +180,9 @@ def throughput_alerts_margin() -> str:
 
 def how_it_ran(ratio: str, test: dict[str, str]) -> str:
     """How the test behind a series' lowest ratio in the silent window ran: whether it stopped at a
-    settled rate, how long it took, its retransmits (each a test's last result, held until the next)."""
+    settled rate, how long it took, its retransmits, and what held its sender back (the shares of its
+    sending time limited by the receiver's window and by the send buffer; each a test's last result,
+    held until the next)."""
     matchers = ",".join(f'{k}="{v}"' for k, v in test.items())
     ratios = query(f"{ratio}{{{matchers}}}[{SILENT_SECONDS}s]")
     if not ratios:
@@ -188,7 +190,8 @@ def how_it_ran(ratio: str, test: dict[str, str]) -> str:
     lowest_at = min(ratios[0]["values"], key=lambda s: float(s[1]))[0]
     found = []
     for name in ("pathprobe_throughput_converged", "pathprobe_throughput_test_duration_seconds",
-                 "pathprobe_throughput_retransmits"):  # fmt: skip
+                 "pathprobe_throughput_retransmits", "pathprobe_throughput_receive_window_limited_ratio",
+                 "pathprobe_throughput_send_buffer_limited_ratio"):  # fmt: skip
         series = query(f"{name}{{{matchers}}}[{SILENT_SECONDS}s]")
         then = [v for t, v in series[0]["values"] if t <= lowest_at] if series else []
         found.append(f"{name.removeprefix('pathprobe_throughput_')} {then[-1] if then else 'absent'}")

@@ -55,6 +55,17 @@ def build(p: Params) -> Dashboard:
             "short",
             query(f"pathprobe_throughput_converged{{{sel}}}", "{{host}} -> {{peer}} x{{streams}} {{direction}}"),
             span=THIRD))
+        .with_panel(series(
+            "What held the sender back",
+            "Share of the last send test's sending time that the receiver's advertised window (rwnd) or this "
+            "host's send buffer (sndbuf) held it back (tcp_info, read during steady-state TCP tests). Near 1 all "
+            "along on a path whose floor is its TCP window; on a test well below its floor, a share of rwnd points "
+            "at receive buffers still growing (autotuning), not at the path.",
+            "percentunit",
+            query(f"pathprobe_throughput_receive_window_limited_ratio{{{sel}}}",
+                  "rwnd {{host}} -> {{peer}} x{{streams}}"),
+            query(f"pathprobe_throughput_send_buffer_limited_ratio{{{sel}}}",
+                  "sndbuf {{host}} -> {{peer}} x{{streams}}", ref="B")))
         .with_row(Row("RTT"))
         .with_panel(series(
             "RTT idle: p50, p90, p99",

@@ -19,6 +19,7 @@ from pathprobe.probes.steady import (
     Interval,
     delivered_bytes,
     delivered_intervals,
+    limited_shares,
     mean_rate,
     parse_interval,
     wire_bytes,
@@ -184,7 +185,8 @@ SS = """\
 ESTAB 0 0 198.18.1.2:40312 198.18.2.2:5201
 \t cubic wscale:9,9 rto:276 rtt:75.2/0.5 bytes_sent:146 bytes_acked:147 bytes_received:4 segs_out:8
 ESTAB 0 2896 198.18.1.2:40318 198.18.2.2:5201
-\t cubic wscale:9,9 rto:276 rtt:76.1/1.2 bytes_sent:25165824 bytes_retrans:2896 bytes_acked:24903680 segs_out:17385
+\t cubic wscale:9,9 rto:276 rtt:76.1/1.2 bytes_sent:25165824 bytes_retrans:2896 bytes_acked:24903680 segs_out:17385 \
+busy:1200ms rwnd_limited:300ms(25.0%) sndbuf_limited:600ms(50.0%)
 """
 
 
@@ -199,6 +201,45 @@ def test_delivered_bytes_are_the_peers_acknowledgements_or_what_this_host_receiv
     assert [round(i.start, 3) for i in got] == [0.0, 0.1, 0.2]  # from the sample before the first byte
     assert got[-1].bits_per_second == pytest.approx(25000 * 8 / 0.1)
     assert delivered_intervals([(0.0, 0), (0.1, 0)]) == []
+
+
+def test_what_held_the_senders_back_is_a_share_of_their_sending_time() -> None:
+    sockets = sockdiag.parse_ss(SS)
+    assert sockets[1].busy_us == 1_200_000 and sockets[1].sndbuf_limited_us == 600_000
+    assert limited_shares(sockets) == pytest.approx((0.25, 0.5))
+    assert limited_shares(sockets[:1]) is None  # the control connection alone: nothing sent yet
+
+
+def test_a_receiver_that_stops_reading_shows_as_its_window_holding_the_sender() -> None:
+    """A live loopback connection whose receiver reads nothing for 0.5 s: the sender's tcp_info,
+    read through sock_diag as the sampler reads it, puts most of its sending time on the receiver's
+    window, and none on its send buffer (the writer keeps it full)."""
+
+    async def go() -> tuple[float, float] | None:
+        reading = asyncio.Event()
+
+        async def slow_sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reading.wait()
+            while await reader.read(1 << 20):
+                pass
+            writer.close()
+
+        server = await asyncio.start_server(slow_sink, "127.0.0.1", 0, limit=1 << 16)
+        port = server.sockets[0].getsockname()[1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"x" * 64_000_000)  # far more than the receive and send buffers hold
+        await asyncio.sleep(0.5)
+        shares = limited_shares(sockdiag.tcp_sockets("127.0.0.1", port))
+        reading.set()
+        await writer.drain()
+        writer.close()
+        server.close()
+        return shares
+
+    shares = asyncio.run(go())
+    assert shares is not None
+    rwnd, sndbuf = shares
+    assert rwnd > 0.5 and sndbuf < 0.1, shares
 
 
 @pytest.mark.parametrize("reader", ["sock_diag", "ss"])
@@ -292,7 +333,7 @@ def test_sock_diag_reads_what_ss_shows_of_a_real_connection() -> None:
         got = sockdiag.tcp_sockets("127.0.0.1", port)
         assert got == sockdiag.parse_ss(ss)
         # The client's socket alone: 3 MB sent and acknowledged (and its SYN), 12,345 bytes received.
-        assert got == [sockdiag.SocketBytes(sent=3_000_000, acked=3_000_001, received=12_345)]
+        assert [(s.sent, s.acked, s.received) for s in got] == [(3_000_000, 3_000_001, 12_345)]
         assert sockdiag.tcp_sockets("127.0.0.1", unused_port()) == []
         done.set()
         writer.close()

@@ -1,9 +1,9 @@
-"""The byte counters of the TCP sockets connected to one address and port, as `ss -ti` shows
-them, read in-process from the kernel's sock_diag netlink interface (linux/inet_diag.h): a
+"""The byte counters and limited times of the TCP sockets connected to one address and port,
+as `ss -ti` shows them, read in-process from the kernel's sock_diag netlink interface (linux/inet_diag.h): a
 steady-state test reads them ten times a second, and starting `ss` each time costs a process.
 
 A small reader of our own rather than pyroute2's DiagSocket: one dump request with a one-op
-filter and three fields of tcp_info, about 80 lines, against a new dependency that every
+filter and six fields of tcp_info, about 80 lines, against a new dependency that every
 host's wheelhouse (the Ansible role, Graviton included) would have to carry. `ss` stays the
 fallback where netlink is refused (parse_ss)."""
 
@@ -21,11 +21,17 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class SocketBytes:
-    """One TCP socket's byte counters (tcp_info)."""
+    """One TCP socket's byte counters (tcp_info), and what held its sending back."""
 
     sent: int  # put on the wire, retransmissions included (tcpi_bytes_sent)
     acked: int  # acknowledged by the peer (tcpi_bytes_acked)
     received: int  # received from the peer (tcpi_bytes_received)
+    # The kernel's sending-time chronographs (microseconds; `ss` shows them in ms): time with data in
+    # flight (tcpi_busy_time), and the parts of it that the peer's advertised receive window
+    # (tcpi_rwnd_limited) or this socket's send buffer (tcpi_sndbuf_limited) held the sender back.
+    busy_us: int = 0
+    rwnd_limited_us: int = 0
+    sndbuf_limited_us: int = 0
 
 
 NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY = 4, 20
@@ -36,8 +42,9 @@ INET_DIAG_BC_D_COND = 8
 TCP_ESTABLISHED = 1
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, port id
 _INET_DIAG_MSG_SIZE = 72  # family, state, timer, retrans, the 48-byte socket id, five u32s
-# tcp_info (linux/tcp.h): the offsets of tcpi_bytes_acked, tcpi_bytes_received and tcpi_bytes_sent.
-_ACKED, _RECEIVED, _SENT = 120, 128, 200
+# tcp_info (linux/tcp.h): the offsets of tcpi_bytes_acked, tcpi_bytes_received, tcpi_bytes_sent,
+# and of tcpi_busy_time, tcpi_rwnd_limited, tcpi_sndbuf_limited (u64 each; Linux 4.10 on).
+_ACKED, _RECEIVED, _SENT, _BUSY = 120, 128, 200, 168
 _SEQUENCE = itertools.count(1)
 
 
@@ -67,7 +74,8 @@ def _tcp_info(message: bytes) -> SocketBytes | None:
         if kind == INET_DIAG_INFO and length - 4 >= _SENT + 8:
             acked, received = struct.unpack_from("=QQ", message, offset + 4 + _ACKED)
             (sent,) = struct.unpack_from("=Q", message, offset + 4 + _SENT)
-            return SocketBytes(sent, acked, received)
+            busy, rwnd, sndbuf = struct.unpack_from("=QQQ", message, offset + 4 + _BUSY)
+            return SocketBytes(sent, acked, received, busy, rwnd, sndbuf)
         offset += (length + 3) & ~3
     return None
 
@@ -97,8 +105,10 @@ def tcp_sockets(address: str, port: int) -> list[SocketBytes]:
                 offset += (length + 3) & ~3
 
 
-# `ss -tinH` prints each socket's TCP info on one line: "... bytes_sent:130 bytes_acked:123 bytes_received:45 ...".
-_SS_FIELD = {name: re.compile(rf"\bbytes_{name}:(\d+)") for name in ("sent", "acked", "received")}
+# `ss -tinH` prints each socket's TCP info on one line: "... bytes_sent:130 bytes_acked:123 bytes_received:45 ...
+# busy:1200ms rwnd_limited:800ms(66.7%) sndbuf_limited:100ms(8.3%)" (the times in whole milliseconds).
+_SS_FIELD = {name: re.compile(rf"\b{name}:(\d+)") for name in
+             ("bytes_sent", "bytes_acked", "bytes_received", "busy", "rwnd_limited", "sndbuf_limited")}  # fmt: skip
 
 
 def parse_ss(text: str) -> list[SocketBytes]:
@@ -108,5 +118,9 @@ def parse_ss(text: str) -> list[SocketBytes]:
         m = _SS_FIELD[name].search(line)
         return int(m[1]) if m else 0
 
-    return [SocketBytes(field(line, "sent"), field(line, "acked"), field(line, "received"))
+    def ms(line: str, name: str) -> int:
+        return field(line, name) * 1000
+
+    return [SocketBytes(field(line, "bytes_sent"), field(line, "bytes_acked"), field(line, "bytes_received"),
+                        ms(line, "busy"), ms(line, "rwnd_limited"), ms(line, "sndbuf_limited"))
             for line in text.splitlines() if "bytes_" in line]  # fmt: skip

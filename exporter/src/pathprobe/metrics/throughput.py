@@ -37,6 +37,12 @@ RESULT_FAMILIES = {
     "pathprobe_throughput_converged":
         "1 when the last steady-state test stopped at a settled rate, 0 when it ran to its maximum (its rate is then "
         "that of its last seconds). Absent for fixed-length tests.",
+    "pathprobe_throughput_receive_window_limited_ratio":
+        "Share of the last send test's sending time (tcp_info busy time) that the receiver's advertised window held "
+        "the sender back (0-1). Steady-state TCP send tests only. " + CACHED,
+    "pathprobe_throughput_send_buffer_limited_ratio":
+        "Share of the last send test's sending time that this host's send buffer held the sender back (0-1). "
+        "Steady-state TCP send tests only. " + CACHED,
 }  # fmt: skip
 
 
@@ -44,7 +50,8 @@ def _values(r: ThroughputResult) -> tuple[float | None, ...]:
     """The result's value for each of RESULT_FAMILIES, in order (None: the test does not measure it)."""
     converged = None if r.converged is None else float(r.converged)
     return (r.receiver_bytes_per_second, r.sender_bytes_per_second, r.retransmits, r.udp_loss_ratio,
-            r.jitter_seconds, r.timestamp, r.duration_seconds + r.omit_seconds, converged)  # fmt: skip
+            r.jitter_seconds, r.timestamp, r.duration_seconds + r.omit_seconds, converged,
+            r.receive_window_limited_ratio, r.send_buffer_limited_ratio)  # fmt: skip
 
 
 class SkipKey(NamedTuple):

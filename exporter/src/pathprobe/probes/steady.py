@@ -138,6 +138,18 @@ def wire_bytes(sockets: Iterable[SocketBytes], direction: str) -> int:
     return sum(s.sent if direction == "send" else s.received for s in sockets)
 
 
+def limited_shares(sockets: Iterable[SocketBytes]) -> tuple[float, float] | None:
+    """What held the test's senders back so far: the shares of their sending time (tcpi_busy_time)
+    limited by the receiver's advertised window and by the send buffer; None before any sending.
+    A test window-bound by design (a path's TCP window bound) reads near 1 on one of them all
+    along; a start-up one (receive buffers still growing) shows as a share of a short test."""
+    sockets = list(sockets)
+    busy = sum(s.busy_us for s in sockets)
+    if busy <= 0:
+        return None
+    return sum(s.rwnd_limited_us for s in sockets) / busy, sum(s.sndbuf_limited_us for s in sockets) / busy
+
+
 def delivered_intervals(samples: list[tuple[float, int]]) -> list[Interval]:
     """Intervals between successive (seconds, bytes delivered) samples, from the last sample
     before the first delivered byte (the test's start)."""

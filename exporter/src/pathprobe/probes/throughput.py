@@ -17,7 +17,15 @@ from typing import Any
 from .. import iperf3, procs, sockdiag
 from ..config import Iperf3Settings, ThroughputSettings, default
 from .base import ProbeFailure, Reason, Target, ThroughputSink
-from .steady import Detector, Interval, delivered_bytes, delivered_intervals, parse_interval, wire_bytes
+from .steady import (
+    Detector,
+    Interval,
+    delivered_bytes,
+    delivered_intervals,
+    limited_shares,
+    parse_interval,
+    wire_bytes,
+)
 
 # iperf3's reporting interval for a steady-state test, and how often its delivered bytes are read.
 INTERVAL_SECONDS = SAMPLE_SECONDS = 0.1
@@ -150,6 +158,10 @@ class ThroughputResult:
     # A steady-state test: whether it converged (False: it ran to duration_seconds), and how
     # long it ran (duration_seconds is then the time it took); None for a fixed-length test.
     converged: bool | None = None
+    # A steady-state send test read through the sockets: the shares of its sending time that the
+    # receiver's window and the send buffer held it back (steady.limited_shares); None otherwise.
+    receive_window_limited_ratio: float | None = None
+    send_buffer_limited_ratio: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -346,6 +358,7 @@ class _SteadyState:
         self.intervals: list[Interval] = []  # iperf3's
         self.samples: list[tuple[float, int]] = []  # (seconds, bytes delivered so far)
         self.wire = 0  # bytes on the wire so far (the last sample's)
+        self.limited: tuple[float, float] | None = None  # the last sample's limited_shares (send tests)
         self.rate: float | None = None  # bits/s, once converged
 
     def delivered(self) -> list[Interval]:
@@ -378,6 +391,8 @@ class _SteadyState:
                     return  # no `ss` either: iperf3's intervals decide
             self.samples.append((at - started, delivered_bytes(sockets, self.test.direction)))
             self.wire = max(self.wire, wire_bytes(sockets, self.test.direction))
+            if self.test.direction == "send":  # this host's sockets send: their own chronographs
+                self.limited = limited_shares(sockets) or self.limited
             delivered = self.delivered()
             if delivered:
                 self._check(delivered)
@@ -436,4 +451,6 @@ class _SteadyState:
             receiver_bytes_per_second=rate / 8, sender_bytes_per_second=rate / 8,
             bytes_transferred=sent, retransmits=sum(retransmits) if retransmits else None,
             timestamp=time.time(), iperf3_version="", converged=converged,
+            receive_window_limited_ratio=self.limited[0] if self.limited else None,
+            send_buffer_limited_ratio=self.limited[1] if self.limited else None,
         )  # fmt: skip
