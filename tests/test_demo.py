@@ -44,6 +44,9 @@ NO_DATA_EXPECTED = {"Firing pathprobe alerts", "Culprits now"}  # a healthy lab 
 SILENT_SECONDS = 600
 # Every test of every path reaches this share of its floor at its best in the window.
 BEST_RATIO = 0.9
+# Steal time (% of all cores over the silent window) from which an idle tail beyond its target is put
+# on the hypervisor rather than on the lab.
+STEAL_EXCUSED = 0.3
 
 
 def check_dashboard_queries() -> None:
@@ -153,13 +156,13 @@ def test_the_default_demo_fills_prometheus_for_every_path_stays_silent_then_clea
     with capsys.disabled():
         summary = delay_line[-1] if delay_line else "no delay line summary"
         print(f"demo: the machine's CPU over the silent window, % of all cores: {cpu_share}; {summary}")
-    if wide:
-        # Reported as an expected failure, after every other check, until the lab is shown to meet it every
-        # time. Before the probes took their send time from the kernel's transmit stamp, the 0.5 ms paths'
-        # p99 landed 0.15-0.47 ms above p50 in every run. Since, within the target in most runs, by 0.02 to
-        # 0.06 ms; one run missed on every 0.5 and 8 ms path at once by about 2 ms, a stall of the whole
-        # machine or the delay line whose cause is not known (the line above is there to find it).
-        pytest.xfail(f"idle RTT tails beyond the target: {wide}")
+    if wide and cpu_share["steal"] >= STEAL_EXCUSED:
+        # A hypervisor that takes the machine's CPU away stalls the delay line with everything else: what
+        # the lab cannot hold is not the lab's tail. Every run that missed this target had steal time
+        # (0.6% and 1.0% of the window); every run without it was within (the widest 0.12-0.13 ms above p50 on
+        # a 0.15 ms bound in three runs of the default demo on 2 cores).
+        pytest.xfail(f"idle RTT tails beyond the target with {cpu_share['steal']}% steal: {wide}")
+    assert not wide, f"idle RTT tails beyond the target, no steal to excuse them ({cpu_share}): {wide}"
 
 
 def throughput_alerts_margin() -> str:
