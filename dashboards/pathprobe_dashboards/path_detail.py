@@ -57,10 +57,10 @@ def build(p: Params) -> Dashboard:
             span=THIRD))
         .with_panel(series(
             "What held the sender back",
-            "Share of the last send test's sending time that the receiver's advertised window (rwnd) or this "
-            "host's send buffer (sndbuf) held it back (tcp_info, read during steady-state TCP tests). Near 1 all "
-            "along on a path whose floor is its TCP window; on a test well below its floor, a share of rwnd points "
-            "at receive buffers still growing (autotuning), not at the path.",
+            "Share of the last send test's sending time with the receiver's advertised window full (rwnd) or "
+            "this host's send buffer full (sndbuf) (tcp_info, read during steady-state TCP tests). On a test "
+            "well below its floor, rwnd points at the receiver's buffers (still growing, or too small), not at "
+            "the path. A path bound by the send buffer's window reads some sndbuf (8-10% in the lab).",
             "percentunit",
             query(f"pathprobe_throughput_receive_window_limited_ratio{{{sel}}}",
                   "rwnd {{host}} -> {{peer}} x{{streams}}"),

@@ -27,8 +27,8 @@ class SocketBytes:
     acked: int  # acknowledged by the peer (tcpi_bytes_acked)
     received: int  # received from the peer (tcpi_bytes_received)
     # The kernel's sending-time chronographs (microseconds; `ss` shows them in ms): time with data in
-    # flight (tcpi_busy_time), and the parts of it that the peer's advertised receive window
-    # (tcpi_rwnd_limited) or this socket's send buffer (tcpi_sndbuf_limited) held the sender back.
+    # flight (tcpi_busy_time), and the parts of it with the peer's advertised receive window full
+    # (tcpi_rwnd_limited) and with this socket's send buffer full, its writer waiting (tcpi_sndbuf_limited).
     busy_us: int = 0
     rwnd_limited_us: int = 0
     sndbuf_limited_us: int = 0

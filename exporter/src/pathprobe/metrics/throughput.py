@@ -38,11 +38,11 @@ RESULT_FAMILIES = {
         "1 when the last steady-state test stopped at a settled rate, 0 when it ran to its maximum (its rate is then "
         "that of its last seconds). Absent for fixed-length tests.",
     "pathprobe_throughput_receive_window_limited_ratio":
-        "Share of the last send test's sending time (tcp_info busy time) that the receiver's advertised window held "
-        "the sender back (0-1). Steady-state TCP send tests only. " + CACHED,
+        "Share of the last send test's sending time (tcp_info busy time) with the receiver's advertised window "
+        "full (0-1). Steady-state TCP send tests only. " + CACHED,
     "pathprobe_throughput_send_buffer_limited_ratio":
-        "Share of the last send test's sending time that this host's send buffer held the sender back (0-1). "
-        "Steady-state TCP send tests only. " + CACHED,
+        "Share of the last send test's sending time with this host's send buffer full, the sender waiting to "
+        "write (0-1). Steady-state TCP send tests only. " + CACHED,
 }  # fmt: skip
 
 

@@ -140,9 +140,10 @@ def wire_bytes(sockets: Iterable[SocketBytes], direction: str) -> int:
 
 def limited_shares(sockets: Iterable[SocketBytes]) -> tuple[float, float] | None:
     """What held the test's senders back so far: the shares of their sending time (tcpi_busy_time)
-    limited by the receiver's advertised window and by the send buffer; None before any sending.
-    A test window-bound by design (a path's TCP window bound) reads near 1 on one of them all
-    along; a start-up one (receive buffers still growing) shows as a share of a short test."""
+    with the receiver's advertised window full (tcpi_rwnd_limited), and with the send buffer full
+    and the sender waiting to write (tcpi_sndbuf_limited); None before any sending. In the default
+    lab's demo, the one-stream tests on the 74 ms paths (bound by a 4 MiB send buffer) read 8-10%
+    of send buffer and no receive window, and every other test 0 of both."""
     sockets = list(sockets)
     busy = sum(s.busy_us for s in sockets)
     if busy <= 0:
