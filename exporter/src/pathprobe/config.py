@@ -322,7 +322,8 @@ class WebSettings(Strict):
     enable_lifecycle: bool = False
     # The shortest time between two renders of /metrics (web.py's Snapshot). Renders are timed for
     # the scrapers' own intervals, but one scraping more often than this reads a snapshot up to this
-    # old: set it below a scrape interval shorter than 5 s. Renders stay within 5% of a core whatever it is.
+    # old: set it below a scrape interval shorter than 5 s. Renders stay within 5% of a core whatever it
+    # is; at most 15 s, the oldest a snapshot gets (web.MAX_AGE_SECONDS).
     refresh_seconds: float = Field(default=5.0, ge=0.1, le=15)
 
     @field_validator("listen")

@@ -1,6 +1,7 @@
 """The byte counters and limited times of the TCP sockets connected to one address and port,
-as `ss -ti` shows them, read in-process from the kernel's sock_diag netlink interface (linux/inet_diag.h): a
-steady-state test reads them ten times a second, and starting `ss` each time costs a process.
+as `ss -ti` shows them, read in-process from the kernel's sock_diag netlink interface
+(linux/inet_diag.h): a steady-state test reads them ten times a second, and starting `ss` each
+time costs a process.
 
 A small reader of our own rather than pyroute2's DiagSocket: one dump request with a one-op
 filter and six fields of tcp_info, about 80 lines, against a new dependency that every

@@ -8,9 +8,9 @@ the request. Prometheus scrapes at a fixed interval, so each render is timed jus
 ahead of the next scrape expected (Scrapers): a scraper that keeps its interval
 reads a snapshot a few render times old, and a render is made per scrape, not per
 `refresh` (at a 15 s scrape interval, a third of the renders). Renders are at least
-`refresh` seconds apart (`web.refresh_seconds`; more when rendering is slow, so that it never takes more
-than 5% of a core) and at most MAX_AGE_SECONDS; with no scraper keeping an interval,
-they come every `refresh`.
+`refresh` seconds apart (`web.refresh_seconds`; more when rendering is slow, so that it never
+takes more than 5% of a core) and at most MAX_AGE_SECONDS; with no scraper keeping an
+interval, they come every `refresh`.
 What a scrape reads says how old it is (pathprobe_scrape_snapshot_age_seconds), and
 every result carries its own timestamp metric. A render that raises is logged and
 counted (pathprobe_scrape_render_errors_total) and the last good snapshot is served on,

@@ -158,8 +158,8 @@ class ThroughputResult:
     # A steady-state test: whether it converged (False: it ran to duration_seconds), and how
     # long it ran (duration_seconds is then the time it took); None for a fixed-length test.
     converged: bool | None = None
-    # A steady-state send test read through the sockets: the shares of its sending time that the
-    # receiver's window and the send buffer held it back (steady.limited_shares); None otherwise.
+    # A steady-state send test read through the sockets: the shares of its sending time with the
+    # receiver's window full and with the send buffer full (steady.limited_shares); None otherwise.
     receive_window_limited_ratio: float | None = None
     send_buffer_limited_ratio: float | None = None
 
