@@ -191,7 +191,9 @@ def how_it_ran(ratio: str, test: dict[str, str]) -> str:
     for name in ("pathprobe_throughput_converged", "pathprobe_throughput_test_duration_seconds",
                  "pathprobe_throughput_retransmits", "pathprobe_throughput_receive_window_limited_ratio",
                  "pathprobe_throughput_send_buffer_limited_ratio"):  # fmt: skip
-        series = query(f"{name}{{{matchers}}}[{SILENT_SECONDS}s]")
+        # A minute further back than the ratio's window: the result behind a ratio recorded early in the
+        # window was scraped before it began.
+        series = query(f"{name}{{{matchers}}}[{SILENT_SECONDS + 60}s]")
         then = [v for t, v in series[0]["values"] if t <= lowest_at] if series else []
         found.append(f"{name.removeprefix('pathprobe_throughput_')} {then[-1] if then else 'absent'}")
     return ", ".join(found)
