@@ -180,18 +180,13 @@ def test_the_refresh_setting_reaches_the_served_snapshot() -> None:
     """web.refresh_seconds sets how often a client polling /metrics faster than it sees a new
     render: at 0.2 s a new value shows within a few refreshes, well before the default 5 s."""
     r, g = registry_with(1)
-    server = serve(WebSettings(listen="127.0.0.1:0", refresh_seconds=0.2), r)
-    try:
-        port = server.server_address[1]
+    with running(WebSettings(listen="127.0.0.1:0", refresh_seconds=0.2), r) as (_, port):
         assert b"pathprobe_test_value 1.0" in scrape(port, tls=False)[1]
         g.set(2)
         began = time.monotonic()
         while b"pathprobe_test_value 2.0" not in scrape(port, tls=False)[1] and time.monotonic() - began < 6:
             time.sleep(0.05)
         assert time.monotonic() - began < 2.5  # 5 s or more with the default refresh
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 class Breaks:
@@ -295,9 +290,8 @@ def secured(tls_files: tuple[Path, Path], tmp_path: Path) -> WebSettings:
 
 
 @contextlib.contextmanager
-def running(settings: WebSettings, **kw: Any) -> Iterator[tuple[Any, int]]:
-    r, _ = registry_with(1)
-    server = serve(settings, r, **kw)
+def running(settings: WebSettings, registry: CollectorRegistry | None = None, **kw: Any) -> Iterator[tuple[Any, int]]:
+    server = serve(settings, registry or registry_with(1)[0], **kw)
     try:
         yield server, server.server_address[1]
     finally:
