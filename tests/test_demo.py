@@ -180,8 +180,8 @@ def throughput_alerts_margin() -> str:
 def how_it_ran(ratio: str, test: dict[str, str]) -> str:
     """How the test behind a series' lowest ratio in the silent window ran: whether it stopped at a
     settled rate, how long it took, its retransmits, and what held its sender back (the shares of its
-    sending time limited by the receiver's window and by the send buffer; each a test's last result,
-    held until the next)."""
+    sending time limited by the receiver's window and by the send buffer), and the RTT its sender saw
+    (each a test's last result, held until the next)."""
     matchers = ",".join(f'{k}="{v}"' for k, v in test.items())
     ratios = query(f"{ratio}{{{matchers}}}[{SILENT_SECONDS}s]")
     if not ratios:
@@ -190,7 +190,8 @@ def how_it_ran(ratio: str, test: dict[str, str]) -> str:
     found = []
     for name in ("pathprobe_throughput_converged", "pathprobe_throughput_test_duration_seconds",
                  "pathprobe_throughput_retransmits", "pathprobe_throughput_receive_window_limited_ratio",
-                 "pathprobe_throughput_send_buffer_limited_ratio"):  # fmt: skip
+                 "pathprobe_throughput_send_buffer_limited_ratio",
+                 "pathprobe_throughput_sender_rtt_seconds"):  # fmt: skip
         # A minute further back than the ratio's window: the result behind a ratio recorded early in the
         # window was scraped before it began.
         series = query(f"{name}{{{matchers}}}[{SILENT_SECONDS + 60}s]")

@@ -76,10 +76,14 @@ def build(p: Params) -> Dashboard:
         .with_panel(series(
             "RTT under load: p50, p99",
             "The same quantiles from samples taken while this host or the peer may be in a throughput test: they "
-            "sit behind the test's queue (self-inflicted queueing, kept out of the idle figures and the alerts).",
+            "sit behind the test's queue (self-inflicted queueing, kept out of the idle figures and the alerts). "
+            "With them, the mean smoothed RTT the last send test's own streams saw (tcp_info): a test below its "
+            "floor with an RTT near the idle one kept less in flight; with a longer one, it met a queue.",
             "s",
             query(f'{rtt}{{{sel}, state="loaded", quantile=~"0.5|0.99"}}',
-                  "p{{quantile}} loaded {{host}} -> {{peer}} {{protocol}}")))
+                  "p{{quantile}} loaded {{host}} -> {{peer}} {{protocol}}"),
+            query(f"pathprobe_throughput_sender_rtt_seconds{{{sel}}}",
+                  "test's streams {{host}} -> {{peer}} x{{streams}}", ref="B")))
         .with_panel(series(
             "One-way delay idle: p50 each way, and how far off it may be",
             "The UDP echoes' delay to the peer (forward) and back (reverse): which way a slower path slowed. "

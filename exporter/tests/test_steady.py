@@ -22,6 +22,7 @@ from pathprobe.probes.steady import (
     limited_shares,
     mean_rate,
     parse_interval,
+    sender_rtt,
     wire_bytes,
 )
 from pathprobe.probes.throughput import _SteadyState
@@ -210,6 +211,13 @@ def test_what_held_the_senders_back_is_a_share_of_their_sending_time() -> None:
     assert limited_shares(sockets[:1]) is None  # the control connection alone: nothing sent yet
 
 
+def test_the_senders_rtt_is_the_mean_of_their_streams_smoothed_rtt() -> None:
+    sockets = sockdiag.parse_ss(SS)
+    assert [s.rtt_us for s in sockets] == [75_200, 76_100]
+    assert sender_rtt(sockets) == pytest.approx(0.0761)  # the stream's alone: the control connection moved 147 bytes
+    assert sender_rtt(sockets[:1]) is None
+
+
 def test_a_receiver_that_stops_reading_shows_as_its_window_holding_the_sender() -> None:
     """A live loopback connection whose receiver reads nothing for 0.5 s: the sender's tcp_info,
     read through sock_diag as the sampler reads it, puts most of its sending time on the receiver's
@@ -253,7 +261,7 @@ def test_the_sampler_reads_a_real_connections_acknowledged_bytes(reader: str, mo
 
         monkeypatch.setattr(sockdiag, "tcp_sockets", refused)
 
-    async def go() -> list[tuple[float, int]]:
+    async def go() -> _SteadyState:
         received = 0
 
         async def sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -279,10 +287,13 @@ def test_the_sampler_reads_a_real_connections_acknowledged_bytes(reader: str, mo
         server.close()
         idle.kill()
         await idle.wait()
-        return watch.samples
+        return watch
 
-    samples = asyncio.run(go())
+    watch = asyncio.run(go())
+    samples = watch.samples
     assert len(samples) >= 5
+    # The stream's smoothed RTT, read with its bytes: loopback's, tens of microseconds to a few ms.
+    assert watch.rtts and all(0 < rtt < 0.05 for rtt in watch.rtts), watch.rtts
     assert samples[-1][1] >= 6_000_000  # every byte written was acknowledged
     assert [n for _, n in samples] == sorted(n for _, n in samples)
 

@@ -33,6 +33,7 @@ class SocketBytes:
     busy_us: int = 0
     rwnd_limited_us: int = 0
     sndbuf_limited_us: int = 0
+    rtt_us: int = 0  # the sender's smoothed RTT (tcpi_rtt, microseconds; `ss`: "rtt:74.3/2.1" in ms)
 
 
 NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY = 4, 20
@@ -44,8 +45,8 @@ TCP_ESTABLISHED = 1
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, port id
 _INET_DIAG_MSG_SIZE = 72  # family, state, timer, retrans, the 48-byte socket id, five u32s
 # tcp_info (linux/tcp.h): the offsets of tcpi_bytes_acked, tcpi_bytes_received, tcpi_bytes_sent,
-# and of tcpi_busy_time, tcpi_rwnd_limited, tcpi_sndbuf_limited (u64 each; Linux 4.10 on).
-_ACKED, _RECEIVED, _SENT, _BUSY = 120, 128, 200, 168
+# and of tcpi_busy_time, tcpi_rwnd_limited, tcpi_sndbuf_limited (u64 each; Linux 4.10 on); of tcpi_rtt (u32).
+_ACKED, _RECEIVED, _SENT, _BUSY, _RTT = 120, 128, 200, 168, 68
 _SEQUENCE = itertools.count(1)
 
 
@@ -76,7 +77,8 @@ def _tcp_info(message: bytes) -> SocketBytes | None:
             acked, received = struct.unpack_from("=QQ", message, offset + 4 + _ACKED)
             (sent,) = struct.unpack_from("=Q", message, offset + 4 + _SENT)
             busy, rwnd, sndbuf = struct.unpack_from("=QQQ", message, offset + 4 + _BUSY)
-            return SocketBytes(sent, acked, received, busy, rwnd, sndbuf)
+            (rtt,) = struct.unpack_from("=I", message, offset + 4 + _RTT)
+            return SocketBytes(sent, acked, received, busy, rwnd, sndbuf, rtt)
         offset += (length + 3) & ~3
     return None
 
@@ -107,9 +109,11 @@ def tcp_sockets(address: str, port: int) -> list[SocketBytes]:
 
 
 # `ss -tinH` prints each socket's TCP info on one line: "... bytes_sent:130 bytes_acked:123 bytes_received:45 ...
-# busy:1200ms rwnd_limited:800ms(66.7%) sndbuf_limited:100ms(8.3%)" (the times in whole milliseconds).
+# busy:1200ms rwnd_limited:800ms(66.7%) sndbuf_limited:100ms(8.3%)" (the times in whole milliseconds)
+# and "rtt:74.301/2.15" (smoothed RTT / its variation, in milliseconds).
 _SS_FIELD = {name: re.compile(rf"\b{name}:(\d+)") for name in
              ("bytes_sent", "bytes_acked", "bytes_received", "busy", "rwnd_limited", "sndbuf_limited")}  # fmt: skip
+_SS_RTT = re.compile(r"\brtt:([\d.]+)/")
 
 
 def parse_ss(text: str) -> list[SocketBytes]:
@@ -122,6 +126,10 @@ def parse_ss(text: str) -> list[SocketBytes]:
     def ms(line: str, name: str) -> int:
         return field(line, name) * 1000
 
+    def rtt_us(line: str) -> int:
+        m = _SS_RTT.search(line)
+        return round(float(m[1]) * 1000) if m else 0
+
     return [SocketBytes(field(line, "bytes_sent"), field(line, "bytes_acked"), field(line, "bytes_received"),
-                        ms(line, "busy"), ms(line, "rwnd_limited"), ms(line, "sndbuf_limited"))
+                        ms(line, "busy"), ms(line, "rwnd_limited"), ms(line, "sndbuf_limited"), rtt_us(line))
             for line in text.splitlines() if "bytes_" in line]  # fmt: skip

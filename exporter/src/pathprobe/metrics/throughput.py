@@ -43,6 +43,9 @@ RESULT_FAMILIES = {
     "pathprobe_throughput_send_buffer_limited_ratio":
         "Share of the last send test's sending time with this host's send buffer full, the sender waiting to "
         "write (0-1). Steady-state TCP send tests only. " + CACHED,
+    "pathprobe_throughput_sender_rtt_seconds":
+        "Mean over the last send test of its streams' smoothed RTT (tcp_info): the path's RTT with the test's own "
+        "queue in it; the rate times it is what the test kept in flight. Steady-state TCP send tests only. " + CACHED,
 }  # fmt: skip
 
 
@@ -51,7 +54,7 @@ def _values(r: ThroughputResult) -> tuple[float | None, ...]:
     converged = None if r.converged is None else float(r.converged)
     return (r.receiver_bytes_per_second, r.sender_bytes_per_second, r.retransmits, r.udp_loss_ratio,
             r.jitter_seconds, r.timestamp, r.duration_seconds + r.omit_seconds, converged,
-            r.receive_window_limited_ratio, r.send_buffer_limited_ratio)  # fmt: skip
+            r.receive_window_limited_ratio, r.send_buffer_limited_ratio, r.sender_rtt_seconds)  # fmt: skip
 
 
 class SkipKey(NamedTuple):

@@ -151,6 +151,18 @@ def limited_shares(sockets: Iterable[SocketBytes]) -> tuple[float, float] | None
     return sum(s.rwnd_limited_us for s in sockets) / busy, sum(s.sndbuf_limited_us for s in sockets) / busy
 
 
+# A socket that moved less than this is the test's control connection, not one of its streams.
+STREAM_BYTES = 1 << 16
+
+
+def sender_rtt(sockets: Iterable[SocketBytes]) -> float | None:
+    """The mean smoothed RTT (seconds) the test's sending streams see now (tcpi_rtt): the path's
+    RTT with the test's own queue in it; None before a stream has sent. A rate below a window's
+    bound comes from less in flight or from a longer RTT: rate x RTT tells which."""
+    rtts = [s.rtt_us for s in sockets if s.acked >= STREAM_BYTES and s.rtt_us > 0]
+    return sum(rtts) / len(rtts) / 1e6 if rtts else None
+
+
 def delivered_intervals(samples: list[tuple[float, int]]) -> list[Interval]:
     """Intervals between successive (seconds, bytes delivered) samples, from the last sample
     before the first delivered byte (the test's start)."""

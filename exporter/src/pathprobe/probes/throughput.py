@@ -24,6 +24,7 @@ from .steady import (
     delivered_intervals,
     limited_shares,
     parse_interval,
+    sender_rtt,
     wire_bytes,
 )
 
@@ -162,6 +163,8 @@ class ThroughputResult:
     # receiver's window full and with the send buffer full (steady.limited_shares); None otherwise.
     receive_window_limited_ratio: float | None = None
     send_buffer_limited_ratio: float | None = None
+    # The same tests: the mean over the test of its senders' smoothed RTT (steady.sender_rtt).
+    sender_rtt_seconds: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -359,6 +362,7 @@ class _SteadyState:
         self.samples: list[tuple[float, int]] = []  # (seconds, bytes delivered so far)
         self.wire = 0  # bytes on the wire so far (the last sample's)
         self.limited: tuple[float, float] | None = None  # the last sample's limited_shares (send tests)
+        self.rtts: list[float] = []  # each sample's sender_rtt (send tests)
         self.rate: float | None = None  # bits/s, once converged
 
     def delivered(self) -> list[Interval]:
@@ -393,6 +397,9 @@ class _SteadyState:
             self.wire = max(self.wire, wire_bytes(sockets, self.test.direction))
             if self.test.direction == "send":  # this host's sockets send: their own chronographs
                 self.limited = limited_shares(sockets) or self.limited
+                rtt = sender_rtt(sockets)
+                if rtt is not None:
+                    self.rtts.append(rtt)
             delivered = self.delivered()
             if delivered:
                 self._check(delivered)
@@ -453,4 +460,5 @@ class _SteadyState:
             timestamp=time.time(), iperf3_version="", converged=converged,
             receive_window_limited_ratio=self.limited[0] if self.limited else None,
             send_buffer_limited_ratio=self.limited[1] if self.limited else None,
+            sender_rtt_seconds=sum(self.rtts) / len(self.rtts) if self.rtts else None,
         )  # fmt: skip
