@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class SocketBytes:
-    """One TCP socket's byte counters (tcp_info), and what held its sending back."""
+    """One TCP socket's byte counters (tcp_info), what held its sending back, and its RTT."""
 
     sent: int  # put on the wire, retransmissions included (tcpi_bytes_sent)
     acked: int  # acknowledged by the peer (tcpi_bytes_acked)
