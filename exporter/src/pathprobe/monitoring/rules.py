@@ -197,7 +197,7 @@ def _region_pairs(p: Params) -> list[dict[str, str]]:
 
 # A path's state for the culprits: 0 good, 1 bad (a warning threshold crossed), 2 bad at a critical one.
 BAD = "path:pathprobe_path_bad:level"
-# Bad paths that a named zone or host culprit explains (value: the path's level).
+# Bad paths that a named zone, host or attachment explains (value: the path's level; `scope`: which).
 EXPLAINED = "path:pathprobe_path_explained:level"
 CULPRIT = "culprit:pathprobe_culprit:level"
 # A culprit's alerts by scope: the warning one while it is named, the critical one (the level 2)
@@ -225,6 +225,9 @@ CRITICAL_ALERTS = "culprit:pathprobe_path_critical_alerts:count"
 # over each candidate culprit's paths.
 PATH_IDLE_LOST, PATH_IDLE_SENT = ("path:pathprobe_udp_idle_packets_lost:increase",
                                   "path:pathprobe_udp_idle_packets_sent:increase")  # fmt: skip
+# RTT probe runs of each path in the unreachable window, by result: read twice by the reachability
+# signal (no answer, and failed probes), computed once.
+RTT_RUNS = "path:pathprobe_rtt_probe_runs:increase"
 IDLE_LOST, IDLE_SENT = "culprit:pathprobe_udp_idle_packets_lost:sum", "culprit:pathprobe_udp_idle_packets_sent:sum"
 # The source's labels that identify a path (the target labels and the peer).
 SOURCE = "job, instance, host, region, zone, peer"
@@ -299,39 +302,40 @@ def _idle_udp(p: Params, counter: str) -> str:
 
 
 def path_signals(p: Params) -> dict[str, str]:
-    """Each signal's state of every path, at the alerts' own thresholds (throughput: its latest test,
-    not the alerts' window of tests): 0 good, 1 bad, 2 bad at a critical threshold (throughput, loss)
-    or unreachable. Loss, RTT and reachability are round trips: a fault on them marks both directions
-    of a path."""
-    sel = p.selector
+    """Each signal's bad paths, at the alerts' own thresholds (throughput: its latest test, not the
+    alerts' window of tests): 1 bad, 2 bad at a critical threshold (throughput, loss) or unreachable;
+    a path that a signal finds good is not in its expression. Loss, RTT and reachability are round
+    trips: a fault on them marks both directions of a path. Bad paths only, filtered before any
+    arithmetic: at a thousand hosts each operation over every path costs a fraction of a second of
+    the culprit group's interval, and healthy paths are most of them (_measured_paths gives those a 0)."""
     # Tests this host sent: a receive test measures the peer's egress under this host's labels.
     ratio = f'min by ({SOURCE}) (path:pathprobe_throughput_expected_ratio:last{{direction="send"}})'
-    lost, loss = PATH_IDLE_LOST, f"{PATH_IDLE_LOST} / {PATH_IDLE_SENT}"  # recorded before the states
     recent = f"path:pathprobe_rtt_seconds:p50_{p.rtt_recent_window}"
     base = f"path:pathprobe_rtt_seconds:p50_{p.rtt_baseline_window}"
-
-    def runs(result: str) -> str:
-        return (
-            f'sum by ({SOURCE}) (increase(pathprobe_probe_runs_total{{{sel}, probe="rtt", result{result}"ok"}}'
-            f"[{p.unreachable_window}]))"
-        )
-
+    ok, failed = f'{RTT_RUNS}{{result="ok"}}', f'{RTT_RUNS}{{result!="ok"}}'
     return {
-        "throughput": f"({ratio} < bool {p.throughput_ratio_warning:g})\n"
-                      f"  + ({ratio} < bool {p.throughput_ratio_critical:g})",
-        "loss": f"((({loss}) > bool {p.loss_ratio_warning:g})\n  + (({loss}) > bool {p.loss_ratio_critical:g}))\n"
-                f"  * ({lost} >= bool {p.loss_min_lost_packets})",
-        "rtt": f"max by ({SOURCE}) (({recent} > bool {p.rtt_baseline_ratio:g} * {base})\n"
-               f"  * (({recent} - {base}) > bool {p.rtt_baseline_min_increase_seconds:g}))",
+        # The critical ratio is below the warning one, the critical loss above it.
+        "throughput": f"1 + ({ratio} < {p.throughput_ratio_warning:g} < bool {p.throughput_ratio_critical:g})",
+        "loss": f"1 + (({PATH_IDLE_LOST} >= {p.loss_min_lost_packets}) / {PATH_IDLE_SENT}\n"
+                f"  > {p.loss_ratio_warning:g} > bool {p.loss_ratio_critical:g})",
+        "rtt": f"max by ({SOURCE}) (\n  ({recent} > {p.rtt_baseline_ratio:g} * {base}) - {base}\n"
+               f"  > {p.rtt_baseline_min_increase_seconds:g}\n) * 0 + 1",
         # Unreachable: no answer and failed probes (a path without RTT probes stays good).
-        "reachability": f"2 * ({runs('=')} == bool 0) * ({runs('!=')} > bool 0)\n  or 0 * {runs('=')}",
+        "reachability": f"max by ({SOURCE}) ({ok} == 0 and on ({PATH}) {failed} > 0) * 0 + 2",
     }  # fmt: skip
 
 
+def _measured_paths(p: Params) -> str:
+    """Every path that a signal measures (what path_signals reads), with the value 0."""
+    inputs = ('path:pathprobe_throughput_expected_ratio:last{direction="send"}', PATH_IDLE_SENT,
+              f"path:pathprobe_rtt_seconds:p50_{p.rtt_recent_window}", f'{RTT_RUNS}{{result="ok"}}')  # fmt: skip
+    return "0 * (\n  " + "\n  or ".join(f"group by ({SOURCE}) ({series})" for series in inputs) + "\n)"
+
+
 def _path_level(p: Params) -> str:
-    """Each path's state (path_signals: the worst of its signals), with every label of the path."""
+    """Each path's state (path_signals: the worst of its signals, or 0), with every label of the path."""
     terms = "\n  or ".join(_with(f"({expr})", signal=name) for name, expr in path_signals(p).items())
-    return _with_path_sides(p, f"max by ({SOURCE}) (\n  {terms}\n)")
+    return _with_path_sides(p, f"max by ({SOURCE}) (\n  {terms}\n  or {_measured_paths(p)}\n)")
 
 
 def _with_path_sides(p: Params, expr: str) -> str:
@@ -364,7 +368,7 @@ def _culprits(p: Params) -> list[dict[str, Any]]:
     def named(scope: str, explained: str) -> str:
         """The scope's culprits, counting only its paths outside `explained` (the paths that
         culprits named before explain)."""
-        bad = _candidates("sum", lambda m: f"({level(m, ' >= bool 1')} unless on ({PATH}) ({explained}))")
+        bad = _candidates("count", lambda m: f"({level(m, ' >= 1')} unless on ({PATH}) ({explained}))")
         paths = _candidates("count", lambda m: f"({level(m)} unless on ({PATH}) ({explained}))")
         return _named(p, scope, f"({bad[scope]})", f"({paths[scope]})")
 
@@ -378,25 +382,40 @@ def _culprits(p: Params) -> list[dict[str, Any]]:
                      explains("transit_gateway", "ingress", "peer_attachment")]  # fmt: skip
     zone = '{scope="zone"}'
     zone_named = _named(p, "zone", PATHS_BAD + zone, PATHS + zone)
-    zone_hosts = f'count by (zone) (count by (zone, host) ({BAD}{{zone!=""}}))'
+
+    def filled(agg: str, series: Callable[[str], str]) -> str:
+        """`agg` of `series` (the few bad or lossy paths) over each candidate's paths, and 0 for the
+        other candidates (PATHS): an aggregation over every path costs a thousand hosts' culprit
+        group a second of its interval."""
+        return "\nor ".join(_candidates(agg, series).values()) + f"\nor 0 * {PATHS}"
+
+    # The hosts measuring from each zone: its host candidates as senders.
+    zone_hosts = f'count by (zone) ({PATHS}{{scope="host", side="egress", zone!=""}})'
     return [
         {"record": PATH_IDLE_LOST, "expr": _with_path_sides(p, _idle_udp(p, "lost"))},
         {"record": PATH_IDLE_SENT, "expr": _with_path_sides(p, _idle_udp(p, "sent"))},
+        {"record": RTT_RUNS, "expr": f'sum by ({SOURCE}, result) (increase(pathprobe_probe_runs_total{{{p.selector}, '
+                                    f'probe="rtt"}}[{p.unreachable_window}]))'},
         {"record": BAD, "expr": _path_level(p)},
         {"record": PATHS, "expr": "\nor ".join(_candidates("count", level).values())},
-        {"record": PATHS_BAD, "expr": "\nor ".join(_candidates("sum", lambda m: level(m, " >= bool 1")).values())},
-        {"record": PATHS_CRITICAL, "expr": "\nor ".join(_candidates("sum", lambda m: level(m, " >= bool 2")).values())},
-        *({"record": over, "expr": "\nor ".join(_candidates("sum", functools.partial(_selected, of)).values())}
-          for over, of in ((IDLE_LOST, PATH_IDLE_LOST), (IDLE_SENT, PATH_IDLE_SENT))),
+        {"record": PATHS_BAD, "expr": filled("count", lambda m: level(m, " >= 1"))},
+        {"record": PATHS_CRITICAL, "expr": filled("count", lambda m: level(m, " >= 2"))},
+        {"record": IDLE_LOST, "expr": filled("sum", lambda m: f"{_selected(PATH_IDLE_LOST, m)} > 0")},
+        {"record": IDLE_SENT,
+         "expr": "\nor ".join(_candidates("sum", functools.partial(_selected, PATH_IDLE_SENT)).values())},
         {"record": CRITICAL_ALERTS, "expr": "\nor ".join(_candidates("count", _critical_alerts).values())},
         # A zone of one (measuring) host is that host: its own culprit names it.
         {"record": CULPRIT, "expr": f"{zone_named}\nand on (zone) {zone_hosts} >= 2", "labels": {"scope": "zone"}},
-        {"record": CULPRIT, "expr": f'({named("host", " or ".join(by_zone))})\nunless on (zone) {CULPRIT}{zone}',
+        {"record": EXPLAINED, "expr": "\nor ".join(by_zone), "labels": {"scope": "zone"}},
+        {"record": CULPRIT, "expr": f'({named("host", EXPLAINED + zone)})\nunless on (zone) {CULPRIT}{zone}',
          "labels": {"scope": "host"}},
-        {"record": EXPLAINED, "expr": "\nor ".join(by_zone + by_host)},
-        {"record": CULPRIT, "expr": named("transit_gateway", EXPLAINED), "labels": {"scope": "transit_gateway"}},
-        {"record": CULPRIT, "expr": named("region_pair", EXPLAINED + "".join(f"\n  or {e}" for e in by_attachment)),
-         "labels": {"scope": "region_pair"}},
+        {"record": EXPLAINED, "expr": "\nor ".join(by_host), "labels": {"scope": "host"}},
+        # Each rule reads the explained paths recorded before it in this evaluation: the ones recorded
+        # after it are the last evaluation's until they are recorded again (a culprit would leave out its own).
+        {"record": CULPRIT, "expr": named("transit_gateway", EXPLAINED + '{scope=~"zone|host"}'),
+         "labels": {"scope": "transit_gateway"}},
+        {"record": EXPLAINED, "expr": "\nor ".join(by_attachment), "labels": {"scope": "transit_gateway"}},
+        {"record": CULPRIT, "expr": named("region_pair", EXPLAINED), "labels": {"scope": "region_pair"}},
     ]  # fmt: skip
 
 
