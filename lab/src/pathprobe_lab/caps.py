@@ -38,7 +38,18 @@ PEAK_BUCKET_BYTES = 2 * 65536
 # Leaf classes per aggregate: flows hash into them (a collision shares one per-flow cap; with
 # 4 flows that happens about 2% of the time, and only matters when the per-flow cap binds).
 FLOW_CLASSES = 256
-BURST = "burst 256kb cburst 256kb quantum 200000"
+# A software shaper sends only while this VM runs it. When the VM's host takes its vCPUs away
+# (steal: 20-30% on this 2-core CI machine on 2026-11-27, in stretches of 5-38 ms), the shaper
+# catches up afterwards on the credit its bucket holds, and the rest of the stall is lost to the
+# path. With 256 kB buckets (4 ms at 500 Mbit/s), 21 lab tests at 13-30% steal read a median
+# 1.1% and up to 3.9% below their cap (a CI run: 6.4%); with 40 ms of the class's rate, 10 at
+# 12-22% steal read within 0.1%. A flow may then start up to 40 ms ahead of its cap: within the
+# start that every test leaves out. Aggregates only (and the router's path rates): a per-flow
+# leaf keeps 256 kB, because a window-bound flow sends its window in bursts and a leaf passes as
+# much of each burst as its bucket holds unpaced; with 40 ms leaves, one flow on the 74 ms path
+# read 8% above its send-buffer bound, which the model takes from AWS measurements (+2-3% with 256 kB).
+CATCH_UP_SECONDS = 0.04
+LEAF_BUCKETS = "burst 256kb cburst 256kb quantum 200000"
 NFT_TABLE = "pathprobe_lab_caps"
 
 
@@ -117,17 +128,17 @@ def apply(topo: Topology, only: str | None = None) -> None:
                          f"burst {caps.burst_bytes + PEAK_BUCKET_BYTES} peakrate {_bits(caps.peak)} "
                          f"mtu {PEAK_BUCKET_BYTES} latency 200ms")  # fmt: skip
             parent = "parent 1:1"
-        link = _bits(caps.peak or caps.per_flow * 64)
+        link = caps.peak or caps.per_flow * 64
         batch.append(f"qdisc add dev eth0 {parent} handle 2: htb default 3")
-        aggregates = [(1, link)] + ([(2, _bits(region_cap))] if region_cap else [])
-        aggregates += [(4, _bits(caps.transit_gateway))] if caps.transit_gateway else []
+        aggregates = [(1, link)] + ([(2, region_cap)] if region_cap else [])
+        aggregates += [(4, caps.transit_gateway)] if caps.transit_gateway else []
         for minor, rate in aggregates:
-            batch.append(f"class add dev eth0 parent 2: classid 2:{minor} htb rate {rate} ceil {rate} {BURST}")
+            batch.append(f"class add dev eth0 parent 2: classid 2:{minor} htb rate {_bits(rate)} {_ceil(rate)}")
             for k in range(FLOW_CLASSES):
                 # Leaves borrow everything above a token rate, so the aggregate above them binds.
                 batch.append(f"class add dev eth0 parent 2:{minor} classid 2:{minor * 0x1000 + k:x} htb "
-                             f"rate 1mbit ceil {_bits(caps.per_flow)} {BURST}")  # fmt: skip
-        batch.append(f"class add dev eth0 parent 2:1 classid 2:3 htb rate 1mbit ceil {link} {BURST}")
+                             f"rate 1mbit ceil {_bits(caps.per_flow)} {LEAF_BUCKETS}")  # fmt: skip
+        batch.append(f"class add dev eth0 parent 2:1 classid 2:3 htb rate 1mbit {_ceil(link)}")
         sh(["tc", "-n", name, "qdisc", "del", "dev", "eth0", "root"], check=False)
         sh(["tc", "-n", name, "-batch", "-"], input_text="\n".join(batch) + "\n")
         # A connection's first packet out takes the next leaf of its aggregate (the mark is the
@@ -154,6 +165,16 @@ def status(topo: Topology, host: LabHost) -> dict[str, object] | None:
         return None
     shown = sh(in_ns(ns(host.name), ["tc", "qdisc", "show", "dev", "eth0"]), check=False).stdout.split("\n")
     return {**asdict(caps), "qdiscs": [line.strip() for line in shown if line.strip()]}
+
+
+def htb_buckets(ceil_bits_per_second: float) -> str:
+    """An HTB class's burst and cburst (bytes): CATCH_UP_SECONDS at its ceiling, at least 256 KiB."""
+    size = max(256 * 1024, round(ceil_bits_per_second / 8 * CATCH_UP_SECONDS))
+    return f"burst {size} cburst {size} quantum 200000"
+
+
+def _ceil(payload_bits_per_second: float) -> str:
+    return f"ceil {_bits(payload_bits_per_second)} {htb_buckets(payload_bits_per_second * WIRE_PER_PAYLOAD)}"
 
 
 def _bits(payload_bits_per_second: float) -> str:

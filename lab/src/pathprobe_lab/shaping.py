@@ -42,13 +42,13 @@ def _rate(dst_index: int, sources: list[tuple[int, PathSpec]]) -> None:
     dev = f"r{dst_index}"
     tc = ["tc", "-n", ROUTER]
     sh([*tc, "qdisc", "del", "dev", dev, "root"], check=False)
-    shaped = [(i, s) for i, s in sources if s.rate]
+    shaped = [(i, s.rate) for i, s in sources if s.rate]
     if not shaped:
         return
     # No default class: traffic from the root namespace (scrapes) passes unshaped.
     sh([*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb"])
-    for i, spec in shaped:
-        rate = f"{spec.rate:.0f}bit"
+    for i, bits_per_second in shaped:
+        rate = f"{bits_per_second:.0f}bit"
         sh(
             [
                 *tc,
@@ -65,12 +65,7 @@ def _rate(dst_index: int, sources: list[tuple[int, PathSpec]]) -> None:
                 rate,
                 "ceil",
                 rate,
-                "burst",
-                "256kb",
-                "cburst",
-                "256kb",
-                "quantum",
-                "200000",
+                *caps.htb_buckets(bits_per_second).split(),
             ]
         )
         sh(
