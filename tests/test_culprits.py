@@ -644,15 +644,19 @@ def notified(log: Path) -> list[tuple[str, str, str]]:
 
 
 def culprit_evaluation(prom: str) -> str:
-    """How long the culprit rule group's last evaluation took, against its interval, and its
-    slowest rules."""
+    """How long the culprit and alert rule groups' last evaluations took, against their interval,
+    and the slowest rules of each."""
     with urllib.request.urlopen(f"{prom}/api/v1/rules", timeout=10) as response:
-        groups = json.load(response)["data"]["groups"]
-    group = next(g for g in groups if g["name"] == "pathprobe.culprits")
-    slowest = sorted(group["rules"], key=lambda r: -r["evaluationTime"])[:5]
-    return (f"the culprit rules' last evaluation took {group['evaluationTime']:.1f} s of their "
-            f"{FLEET_PARAMS.evaluation_interval}; slowest: "
-            + ", ".join(f"{r['name']} {r['evaluationTime']:.1f} s" for r in slowest))  # fmt: skip
+        groups = {g["name"]: g for g in json.load(response)["data"]["groups"]}
+
+    def took(name: str) -> str:
+        group = groups[name]
+        slowest = sorted(group["rules"], key=lambda r: -r["evaluationTime"])[:5]
+        return (f"{name}'s last evaluation took {group['evaluationTime']:.1f} s of its "
+                f"{FLEET_PARAMS.evaluation_interval}; slowest: "
+                + ", ".join(f"{r['name']} {r['evaluationTime']:.1f} s" for r in slowest))  # fmt: skip
+
+    return f"{took('pathprobe.culprits')}; {took('pathprobe.alerts')}"
 
 
 def test_a_host_down_is_its_exporter_down_alert_alone(alertmanager: str) -> None:

@@ -129,7 +129,7 @@ def _recording(p: Params) -> list[dict[str, str]]:
         {"record": "path:pathprobe_throughput_last_test_timestamp_seconds:last",
          "expr": f"pathprobe_throughput_last_test_timestamp_seconds{{{sel}}}"},
         # The binding limit is not part of a path's identity: a change of it must not restart `for:`.
-        {"record": "path:pathprobe_throughput_expected_ratio:last",
+        {"record": EXPECTED_RATIO,
          "expr": f"pathprobe_throughput_bytes_per_second{{{sel}}}\n"
                  f"  / ignoring (limit)\n"
                  f"pathprobe_throughput_expected_bytes_per_second{{{sel}}}"},
@@ -138,12 +138,12 @@ def _recording(p: Params) -> list[dict[str, str]]:
                  f"  / rate(pathprobe_udp_packets_sent_total{{{sel}}}[5m])"},
         # RTT quantiles come exact from the exporter (a sliding window, 5 minutes by default; idle samples only).
         # Longer windows are medians of those medians: a summary's quantiles cannot be merged.
-        {"record": f"path:pathprobe_rtt_seconds:p50_{w}",
+        {"record": rtt_p50(w),
          "expr": f'max without (quantile, state) (pathprobe_rtt_seconds{{{sel}, state="idle", quantile="0.5"}})'},
         {"record": f"path:pathprobe_rtt_seconds:p99_{w}",
          "expr": f'max without (quantile, state) (pathprobe_rtt_seconds{{{sel}, state="idle", quantile="0.99"}})'},
-        {"record": f"path:pathprobe_rtt_seconds:p50_{p.rtt_recent_window}",
-         "expr": f"quantile_over_time(0.5, path:pathprobe_rtt_seconds:p50_{w}[{p.rtt_recent_window}])"},
+        {"record": rtt_p50(p.rtt_recent_window),
+         "expr": f"quantile_over_time(0.5, {rtt_p50(w)}[{p.rtt_recent_window}])"},
         # One-way delays, by direction, the same way (exported only while both clocks' bounds allow).
         {"record": f"path:pathprobe_owd_seconds:p50_{w}",
          "expr": f'max without (quantile, state) (pathprobe_owd_seconds{{{sel}, state="idle", quantile="0.5"}})'},
@@ -154,9 +154,9 @@ def _recording(p: Params) -> list[dict[str, str]]:
 
 def _baseline(p: Params) -> list[dict[str, str]]:
     return [
-        {"record": f"path:pathprobe_rtt_seconds:p50_{p.rtt_baseline_window}",
+        {"record": rtt_p50(p.rtt_baseline_window),
          # A 30-minute step by default: the median over days needs no finer grain, and a query stays small.
-         "expr": f"quantile_over_time(0.5, path:pathprobe_rtt_seconds:p50_{p.rtt_exporter_window}"
+         "expr": f"quantile_over_time(0.5, {rtt_p50(p.rtt_exporter_window)}"
                  f"[{p.rtt_baseline_window}:{p.rtt_baseline_step}])"},
         {"record": f"path:pathprobe_owd_seconds:p50_{p.rtt_baseline_window}",
          "expr": f"quantile_over_time(0.5, path:pathprobe_owd_seconds:p50_{p.rtt_exporter_window}"
@@ -175,13 +175,13 @@ def _region_pairs(p: Params) -> list[dict[str, str]]:
         {"record": "region_pair:pathprobe_paths:count",
          "expr": f"count by ({REGION_PAIR}) (pathprobe_peer_info{{{sel}}})"},
         {"record": "region_pair:pathprobe_throughput_expected_ratio:min",
-         "expr": f"min by ({test}) (path:pathprobe_throughput_expected_ratio:last)"},
+         "expr": f"min by ({test}) ({EXPECTED_RATIO})"},
         {"record": "region_pair:pathprobe_throughput_bits_per_second:max",
          "expr": f"max by ({test}) (path:pathprobe_throughput_bits_per_second:last)"},
         {"record": "region_pair:pathprobe_throughput_last_test_timestamp_seconds:max",
          "expr": f"max by ({REGION_PAIR}) (path:pathprobe_throughput_last_test_timestamp_seconds:last)"},
         {"record": f"region_pair:pathprobe_rtt_seconds:max_p50_{w}",
-         "expr": f"max by ({REGION_PAIR}, protocol) (path:pathprobe_rtt_seconds:p50_{w})"},
+         "expr": f"max by ({REGION_PAIR}, protocol) ({rtt_p50(w)})"},
         {"record": f"region_pair:pathprobe_rtt_seconds:max_p99_{w}",
          "expr": f"max by ({REGION_PAIR}, protocol) (path:pathprobe_rtt_seconds:p99_{w})"},
         # Absent while no path is unreachable; the outcome counters have no peer_region: from peer_info.
@@ -231,6 +231,15 @@ RTT_RUNS = "path:pathprobe_rtt_probe_runs:increase"
 IDLE_LOST, IDLE_SENT = "culprit:pathprobe_udp_idle_packets_lost:sum", "culprit:pathprobe_udp_idle_packets_sent:sum"
 # The source's labels that identify a path (the target labels and the peer).
 SOURCE = "job, instance, host, region, zone, peer"
+# Recorded series that several rules read, named once.
+EXPECTED_RATIO = "path:pathprobe_throughput_expected_ratio:last"
+SENT_RATIO = EXPECTED_RATIO + '{direction="send"}'  # the tests a host sent: its egress
+RTT_OK = f'{RTT_RUNS}{{result="ok"}}'
+
+
+def rtt_p50(window: str) -> str:
+    """The recorded idle RTT median over `window` (the exporter's own window, or a median of it)."""
+    return f"path:pathprobe_rtt_seconds:p50_{window}"
 
 
 def _with(expr: str, **labels: str) -> str:
@@ -309,10 +318,9 @@ def path_signals(p: Params) -> dict[str, str]:
     arithmetic: at a thousand hosts each operation over every path costs a fraction of a second of
     the culprit group's interval, and healthy paths are most of them (_measured_paths gives those a 0)."""
     # Tests this host sent: a receive test measures the peer's egress under this host's labels.
-    ratio = f'min by ({SOURCE}) (path:pathprobe_throughput_expected_ratio:last{{direction="send"}})'
-    recent = f"path:pathprobe_rtt_seconds:p50_{p.rtt_recent_window}"
-    base = f"path:pathprobe_rtt_seconds:p50_{p.rtt_baseline_window}"
-    ok, failed = f'{RTT_RUNS}{{result="ok"}}', f'{RTT_RUNS}{{result!="ok"}}'
+    ratio = f"min by ({SOURCE}) ({SENT_RATIO})"
+    recent, base = rtt_p50(p.rtt_recent_window), rtt_p50(p.rtt_baseline_window)
+    ok, failed = RTT_OK, f'{RTT_RUNS}{{result!="ok"}}'
     return {
         # The critical ratio is below the warning one, the critical loss above it.
         "throughput": f"1 + ({ratio} < {p.throughput_ratio_warning:g} < bool {p.throughput_ratio_critical:g})",
@@ -327,8 +335,7 @@ def path_signals(p: Params) -> dict[str, str]:
 
 def _measured_paths(p: Params) -> str:
     """Every path that a signal measures (what path_signals reads), with the value 0."""
-    inputs = ('path:pathprobe_throughput_expected_ratio:last{direction="send"}', PATH_IDLE_SENT,
-              f"path:pathprobe_rtt_seconds:p50_{p.rtt_recent_window}", f'{RTT_RUNS}{{result="ok"}}')  # fmt: skip
+    inputs = (SENT_RATIO, PATH_IDLE_SENT, rtt_p50(p.rtt_recent_window), RTT_OK)
     return "0 * (\n  " + "\n  or ".join(f"group by ({SOURCE}) ({series})" for series in inputs) + "\n)"
 
 
@@ -471,7 +478,7 @@ def throughput_best_in_window(p: Params) -> tuple[str, str]:
     """What the throughput alerts compare with their ratios: each test's best ratio to expected
     in the window, and the condition that the window holds two tests (a fresh path's first one
     alone never fires)."""
-    best = f"max_over_time(path:pathprobe_throughput_expected_ratio:last[{p.throughput_window}])"
+    best = f"max_over_time({EXPECTED_RATIO}[{p.throughput_window}])"
     two_tests = (f"and on ({TEST})\nchanges(path:pathprobe_throughput_last_test_timestamp_seconds:last"
                  f"{{{p.selector}}}[{p.throughput_window}]) >= 1")  # fmt: skip
     return best, two_tests
@@ -479,7 +486,7 @@ def throughput_best_in_window(p: Params) -> tuple[str, str]:
 
 def _throughput_alerts(p: Params) -> list[Alert]:
     sel, test_text = p.selector, TEST_TEXT
-    ratio = "path:pathprobe_throughput_expected_ratio:last"
+    ratio = EXPECTED_RATIO
     best, two_tests = throughput_best_in_window(p)
     return [
         Alert("PathprobeThroughputBelowExpected",
@@ -518,17 +525,12 @@ def _owd_change(p: Params) -> str:
 def _path_alerts(p: Params) -> list[Alert]:
     """RTT, loss, partial failure, MTU and reachability of each path."""
     sel, path_text = p.selector, PATH_TEXT
-    recent, base = (
-        f"path:pathprobe_rtt_seconds:p50_{p.rtt_recent_window}",
-        f"path:pathprobe_rtt_seconds:p50_{p.rtt_baseline_window}",
-    )
-    # Loss while this host or the peer runs a throughput test is self-inflicted: alerts count idle packets only.
+    recent, base = rtt_p50(p.rtt_recent_window), rtt_p50(p.rtt_baseline_window)
+    # Loss while this host or the peer runs a throughput test is self-inflicted: alerts count idle packets only,
+    # as the culprit group records them per path (the increase over a thousand hosts' counters, taken once).
     by_path = f"sum by ({PATH}, host, region, zone)"
-    idle_lost = f'{by_path} (increase(pathprobe_udp_packets_lost_total{{{sel}, state="idle"}}[{p.loss_window}]))'
-    idle_loss = (
-        f"{idle_lost}\n"
-        f'  / {by_path} (increase(pathprobe_udp_packets_sent_total{{{sel}, state="idle"}}[{p.loss_window}]))'
-    )
+    idle_lost = f"{by_path} ({PATH_IDLE_LOST})"
+    idle_loss = f"{idle_lost}\n  / {by_path} ({PATH_IDLE_SENT})"
     enough_lost = f"\nand {idle_lost} >= {p.loss_min_lost_packets}"  # keeps the ratio as the alert's value
     return [
         Alert("PathprobeRttAboveBaseline",
@@ -539,7 +541,7 @@ def _path_alerts(p: Params) -> list[Alert]:
                f"{{{{ $value | humanizeDuration }}}}, more than {p.rtt_baseline_ratio:g}x its {p.rtt_baseline_window} "
                f"p50. {_owd_change(p)}", p.rtt_for),
         Alert("PathprobeRttAboveCeiling",
-               f'path:pathprobe_rtt_seconds:p50_{p.rtt_exporter_window}{{protocol="tcp"}}\n'
+               f'{rtt_p50(p.rtt_exporter_window)}{{protocol="tcp"}}\n'
                f"  > on ({PATH}) group_left () pathprobe_rtt_ceiling_seconds{{{sel}}}",
                "warning", "Path RTT above its configured ceiling.",
                f"{path_text} RTT p50 is {{{{ $value | humanizeDuration }}}}, above the path's configured ceiling.",
