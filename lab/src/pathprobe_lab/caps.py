@@ -49,7 +49,7 @@ FLOW_CLASSES = 256
 # much of each burst as its bucket holds unpaced; with 40 ms leaves, one flow on the 74 ms path
 # read 8% above its send-buffer bound, which the model takes from AWS measurements (+2-3% with 256 kB).
 CATCH_UP_SECONDS = 0.04
-LEAF_BUCKETS = "burst 256kb cburst 256kb quantum 200000"
+LEAF_BUCKET_BYTES = 256 * 1024
 NFT_TABLE = "pathprobe_lab_caps"
 
 
@@ -137,7 +137,7 @@ def apply(topo: Topology, only: str | None = None) -> None:
             for k in range(FLOW_CLASSES):
                 # Leaves borrow everything above a token rate, so the aggregate above them binds.
                 batch.append(f"class add dev eth0 parent 2:{minor} classid 2:{minor * 0x1000 + k:x} htb "
-                             f"rate 1mbit ceil {_bits(caps.per_flow)} {LEAF_BUCKETS}")  # fmt: skip
+                             f"rate 1mbit ceil {_bits(caps.per_flow)} {_buckets(LEAF_BUCKET_BYTES)}")  # fmt: skip
         batch.append(f"class add dev eth0 parent 2:1 classid 2:3 htb rate 1mbit {_ceil(link)}")
         sh(["tc", "-n", name, "qdisc", "del", "dev", "eth0", "root"], check=False)
         sh(["tc", "-n", name, "-batch", "-"], input_text="\n".join(batch) + "\n")
@@ -168,9 +168,12 @@ def status(topo: Topology, host: LabHost) -> dict[str, object] | None:
 
 
 def htb_buckets(ceil_bits_per_second: float) -> str:
-    """An HTB class's burst and cburst (bytes): CATCH_UP_SECONDS at its ceiling, at least 256 KiB."""
-    size = max(256 * 1024, round(ceil_bits_per_second / 8 * CATCH_UP_SECONDS))
-    return f"burst {size} cburst {size} quantum 200000"
+    """An HTB class's burst and cburst: CATCH_UP_SECONDS at its ceiling, at least a leaf's."""
+    return _buckets(max(LEAF_BUCKET_BYTES, round(ceil_bits_per_second / 8 * CATCH_UP_SECONDS)))
+
+
+def _buckets(size_bytes: int) -> str:
+    return f"burst {size_bytes} cburst {size_bytes} quantum 200000"
 
 
 def _ceil(payload_bits_per_second: float) -> str:
