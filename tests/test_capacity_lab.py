@@ -71,8 +71,18 @@ def test_small_receive_buffer_is_diagnosed_and_predicted(lab: None, tmp_path: Pa
     assert review["diagnosis"]["one_stream"].startswith(
         "one flow is bound by the receive window: tcp_rmem max 1 MiB at 20"
     )
-    # The predicted one-flow bound (1 MiB x in-flight share x 8 / RTT) within 15% of what one flow does.
-    assert one["bits_per_second"] == pytest.approx(one["expected_bits_per_second"], rel=0.15)
+    # The predicted one-flow bound (1 MiB x in-flight share x 8 / RTT) within 15% of what one flow
+    # does, at the RTT the flow saw: a window-bound flow runs at its window over that RTT, which
+    # grows when the lab's delay line runs late (this VM's host takes its CPUs at times: a CI run at
+    # 12-32% steal read 15.7% under the bound at the idle RTT, the flow's own RTT not recorded then).
+    # The lab's configured delay has its own check in test_lab.py.
+    idle, loaded = review["rtt_seconds"], one["rtt_under_load_seconds"]
+    at_loaded_rtt = one["expected_bits_per_second"] * idle / loaded
+    print(f"\none flow: {one['bits_per_second'] / 1e6:.1f} Mbit/s; bound {one['expected_bits_per_second'] / 1e6:.1f} "
+          f"at the idle RTT {idle * 1e3:.2f} ms, {at_loaded_rtt / 1e6:.1f} at the flow's "
+          f"{loaded * 1e3:.2f} ms")  # fmt: skip
+    assert loaded >= idle * 0.98, "a flow saw a shorter RTT than the idle path's"
+    assert one["bits_per_second"] == pytest.approx(at_loaded_rtt, rel=0.15)
     page = html.read_text()
     assert "<svg" in page and "receive window" in page
 

@@ -180,15 +180,18 @@ def storm(fleet: Fleet, host: str) -> Storm:
     return Storm(host, seconds, (value(got, reloads, result="success") or 0) - reloads_before, counted, linked)
 
 
-def next_epoch() -> float:
-    """A slot boundary a few seconds ahead: every host has the change before it takes effect."""
-    return math.ceil((time.time() + 2 * SLOT) / SLOT) * SLOT
+def next_epoch(last: float | None) -> float:
+    """A slot boundary a few seconds ahead (every host has the change before it takes effect), and
+    after the last change's: two changes in one slot would share an epoch, and `healthy` would take
+    the first one's as the second applied while the second's reload still ran."""
+    ahead = math.ceil((time.time() + 2 * SLOT) / SLOT) * SLOT
+    return ahead if last is None else max(ahead, last + SLOT)
 
 
 def change(fleet: Fleet, rng: random.Random) -> None:
     """One random change: a member leaves, one comes back, or the probe settings change."""
     kind = rng.choice(["leave", "join", "settings"])
-    epoch = next_epoch()
+    epoch = next_epoch(fleet.epoch)
     if kind == "leave" and len(fleet.members) > MIN_MEMBERS:
         host = rng.choice(fleet.members)
         fleet.members.remove(host)

@@ -85,6 +85,14 @@ def test_text_and_html_reports() -> None:
     assert "40 TB in about 75 min with 64 stream(s) for about $800." in page
 
 
+def test_the_rtt_a_test_saw_is_reported_beside_its_rate() -> None:
+    r = review(ARTICLE)
+    r.rows[0].rtt_under_load_seconds = 0.00812
+    header, first = text_report(r).split("\n\n")[1].splitlines()[:2]
+    assert header.index("RTT ms") + len("RTT ms") == first.index(" 8.12 ") + len(" 8.12"), (header, first)
+    assert r.to_json()["rows"][0]["rtt_under_load_seconds"] == 0.00812
+
+
 def test_failed_rows_are_kept_and_json_has_everything() -> None:
     r = review(ARTICLE)
     r.rows.append(Row(128, None, error="busy: the server is busy"))

@@ -28,6 +28,9 @@ class Row:
     udp_loss_ratio: float | None = None
     error: str | None = None
     expected: Expected | None = None
+    # The streams' smoothed RTT over the test (the sender's kernel): the path's RTT with the test's
+    # own queue in it. A window-bound flow's rate is its window over this RTT, not the idle one.
+    rtt_under_load_seconds: float | None = None
     # ENA allowance counters that rose during the test (None: no such counters on this host).
     allowance_exceeded: dict[str, int] | None = None
 
@@ -217,7 +220,8 @@ def text_report(r: Review) -> str:
         )
     if r.one_way is not None:
         lines.append(describe_one_way(r.one_way))
-    head = f"{'streams':>7} {'Gbit/s':>8} {'per stream':>10} {'retrans':>8} {'UDP loss':>8} {'expected':>9}  limit"
+    head = (f"{'streams':>7} {'Gbit/s':>8} {'per stream':>10} {'retrans':>8} {'UDP loss':>8} {'RTT ms':>7} "
+            f"{'expected':>9}  limit")  # fmt: skip
     lines += ["", head]
     for row in r.rows:
         if row.bits_per_second is None:
@@ -227,6 +231,7 @@ def text_report(r: Review) -> str:
             f"{row.streams:>7} {row.bits_per_second / 1e9:>8.3f} {(row.per_stream or 0) / 1e9:>10.3f} "
             f"{'' if row.retransmits is None else row.retransmits:>8} "
             f"{'' if row.udp_loss_ratio is None else format(row.udp_loss_ratio, '.2%'):>8} "
+            f"{'' if row.rtt_under_load_seconds is None else format(row.rtt_under_load_seconds * 1e3, '.3g'):>7} "
             f"{row.expected.bits_per_second / 1e9 if row.expected else float('nan'):>9.3f}  "
             f"{row.expected.limit if row.expected else ''}"
         )
