@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pathprobe import procs, wire
+from pathprobe.responders.iperf3 import listening, wait_listening
 
 SERVE = [sys.executable, "-m", "pathprobe", "serve", "--listen", "127.0.0.1"]
 
@@ -65,6 +66,29 @@ def test_the_iperf3_server_dies_with_a_killed_serve(ports: tuple[int, int]) -> N
     finally:
         again.terminate()
         again.wait(timeout=10)
+
+
+def test_serve_says_ready_once_its_iperf3_server_listens(ports: tuple[int, int]) -> None:
+    """A client that connects as soon as `serve` says "ready" finds iperf3 there (before, a lab
+    test's stranger once found the port closed: iperf3 starts in a process of its own)."""
+    proc = start(ports)
+    try:
+        assert proc.stdout is not None and "answering" in proc.stdout.readline()  # ready
+        assert listening(ports[1])
+        socket.create_connection(("127.0.0.1", ports[1]), timeout=2).close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert not listening(ports[1])
+
+
+def test_waiting_for_a_server_ends_when_it_is_down_or_late(ports: tuple[int, int]) -> None:
+    started = time.monotonic()
+    assert not asyncio.run(wait_listening(ports[1], 5, down=lambda: True))
+    assert time.monotonic() - started < 1  # at once, not at the timeout
+    assert not asyncio.run(wait_listening(ports[1], 0.05, down=lambda: False))
+    with socket.create_server(("127.0.0.1", ports[1])):
+        assert asyncio.run(wait_listening(ports[1], 5, down=lambda: False))
 
 
 def test_serve_states_its_clock_error_bound_in_every_echo_answer(ports: tuple[int, int]) -> None:
@@ -214,10 +238,6 @@ def test_a_taken_metrics_port_is_a_clear_error(tmp_path: Path) -> None:
     assert f"cannot serve /metrics on 127.0.0.1:{port}" in run.stderr and "Traceback" not in run.stderr, run.stderr
 
 
-def listening(port: int) -> bool:
-    return bool(subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout)
-
-
 def iperf3_client(port: int, source: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port), "-B", source, "-t", "1", "-J"],
                           capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
@@ -231,12 +251,7 @@ def test_a_strangers_iperf3_test_is_cut_and_counted_and_a_peers_runs(ports: tupl
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        assert proc.stdout is not None and "answering" in proc.stdout.readline()  # ready
-        # Its iperf3 child listens a moment after "answering": before that, a stranger's test fails
-        # to connect, which is no refusal.
-        deadline = time.monotonic() + 10
-        while procs.alive(proc.pid) and not listening(port) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert proc.stdout is not None and "answering" in proc.stdout.readline()  # ready: iperf3 listens
         # iperf3 3.12 exits 0 with -J whatever happened: its JSON says.
         stranger = json.loads(iperf3_client(port, "127.0.0.2").stdout)
         assert "error" in stranger and not stranger["intervals"], stranger  # cut before any data interval

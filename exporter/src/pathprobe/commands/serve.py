@@ -13,8 +13,12 @@ from .. import responders
 from ..allow import AllowList
 from ..clock import ClockErrorBound
 from ..config import Iperf3Settings, Responders, default
+from ..responders.iperf3 import wait_listening
 from ..units import format_seconds
 from .common import EXIT_PROBE_FAILED, add_clock_option, network, stop_on_signals
+
+# How long the iperf3 server may take to listen before `serve` gives up (it listens within milliseconds).
+IPERF3_START_SECONDS = 10.0
 
 
 def add_parser(sub: Any) -> None:
@@ -37,12 +41,13 @@ class Counts:
 
     def __init__(self) -> None:
         self.requests: Counter[tuple[str, str]] = Counter()
+        self.iperf3_up: bool | None = None  # None: not started yet
 
     def count_request(self, responder: str, result: str, n: int = 1) -> None:
         self.requests[responder, result] += n
 
     def set_iperf3_up(self, up: bool) -> None:
-        pass
+        self.iperf3_up = up
 
     def set_iperf3_serving(self, serving: bool) -> None:
         pass
@@ -69,6 +74,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         bound = ClockErrorBound(args.clock_error_bound)
         await bound.refresh()
         running = await responders.start(settings, iperf3, allow, counts, clock_bound=lambda: bound.seconds)
+        # The line below says "ready": only once iperf3 (a process of its own) listens, or a client
+        # that connects at once finds the port closed (a lab test's did, on a VM short of CPU). A
+        # server that cannot start leaves the other responders answering; its supervisor says why.
+        if not await wait_listening(args.iperf3_port, IPERF3_START_SECONDS, lambda: counts.iperf3_up is False):
+            print(f"pathprobe serve: the iperf3 server is not listening on :{args.iperf3_port}", file=sys.stderr)
         refreshing = asyncio.create_task(bound.run(), name="clock-bound")
         stated = (f"{format_seconds(bound.seconds)} ({bound.source})" if bound.seconds is not None
                   else "none known (peers withhold one-way delays to this host)")  # fmt: skip

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from .. import iperf3, procs
 from ..config import Iperf3Settings
@@ -21,6 +23,8 @@ Admit = Callable[[str], str]
 # Restart back-off: doubles from the first to the last while the server keeps exiting;
 # a server that ran this long counts as healthy again.
 BACKOFF_FIRST, BACKOFF_LAST, HEALTHY_AFTER = 1.0, 60.0, 60.0
+# /proc/net/tcp's state column for a listening socket.
+LISTEN_STATE = "0A"
 # How often the server's state is checked, and how long it may stay stopped before a restart.
 WATCH_SECONDS, STOPPED_RESTART_SECONDS = 2.0, 30.0
 
@@ -78,6 +82,34 @@ async def _tail(stream: asyncio.StreamReader, keep: int = 4096) -> bytes:
     while chunk := await stream.read(2**16):
         tail = (tail + chunk)[-keep:]
     return tail
+
+
+def listening(port: int) -> bool:
+    """Whether a TCP socket of this network namespace listens on `port` (/proc/net/tcp and
+    tcp6: read-only, where a probing bind or connect would race the server or hold its one test)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except FileNotFoundError:  # no IPv6 in this kernel
+            continue
+        for row in rows:
+            local, state = row.split()[1], row.split()[3]
+            if state == LISTEN_STATE and int(local.rsplit(":", 1)[1], 16) == port:
+                return True
+    return False
+
+
+async def wait_listening(port: int, timeout: float, down: Callable[[], bool]) -> bool:
+    """Whether the server, started in a process of its own, came to listen on `port` within
+    `timeout`; False as soon as `down()` says it exited."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            while not listening(port):
+                if down():
+                    return False
+                await asyncio.sleep(0.01)
+            return True
+    return False
 
 
 # iperf3 -s prints this once a client's control connection has sent its cookie, before the
