@@ -139,7 +139,8 @@ def against(got: Samples, host: str) -> tuple[dict[str, float], float]:
             if result == "ok":
                 answered += v
             else:
-                counted[f"RTT probes {result}"] = counted.get(f"RTT probes {result}", 0) + v
+                kind = f"RTT probes {result}"
+                counted[kind] = counted.get(kind, 0) + v
     return counted, answered
 
 

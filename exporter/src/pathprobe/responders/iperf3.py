@@ -93,7 +93,7 @@ def listening(port: int) -> bool:
         except FileNotFoundError:  # no IPv6 in this kernel
             continue
         for row in rows:
-            local, state = row.split()[1], row.split()[3]
+            _, local, _, state, *_ = row.split()
             if state == LISTEN_STATE and int(local.rsplit(":", 1)[1], 16) == port:
                 return True
     return False
