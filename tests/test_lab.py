@@ -212,3 +212,32 @@ def test_a_loss_change_on_one_path_drops_nothing_the_delay_line_holds_for_anothe
     assert probe.returncode == 0 and changes >= 4, (changes, out)
     report = json.loads(out)
     assert report["sent"] == 1000 and report["lost"] == 0, report
+
+
+def test_a_delay_change_on_one_path_costs_another_nothing(serving: None) -> None:
+    # The same echoes while north -> west's delay is set (a queue bound while the line runs) and
+    # cleared ten times. Restarting the delay line for each change, as the lab did, dropped what
+    # every queue held (the kernel flushes a queue with its socket) and let packets through
+    # undelayed until the new line had bound its queues: echoes lost and RTTs under 20 ms.
+    line = next(p["pid"] for p in json.loads(lab("status", "--json").stdout)["processes"] if p["what"] == "delay-line")
+    probe = subprocess.Popen(
+        in_ns(ns("east"), [*PATHPROBE, "probe", "loss", address(2), "-c", "1000", "--rate", "200", "--json"]),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    changes = 0
+    while probe.poll() is None and changes < 10:
+        lab("impair", "north", "west", "--delay", "30ms") if changes % 2 == 0 else lab("restore", "north", "west")
+        changes += 1
+    out, _ = probe.communicate(timeout=30)
+    assert probe.returncode == 0 and changes >= 4, (changes, out)
+    report = json.loads(out)
+    assert report["sent"] == 1000 and report["lost"] == 0, report
+    assert report["rtt_seconds"]["min"] >= 0.020, report["rtt_seconds"]
+    # The changes took effect in the same process: north -> west is 30 ms one way, west -> north 0.
+    lab("impair", "north", "west", "--delay", "30ms")
+    assert rtt_p50("north", 2) == pytest.approx(0.030, abs=RTT_TOLERANCE)
+    lab("restore", "north", "west")
+    assert rtt_p50("north", 2) < 0.005
+    status = json.loads(lab("status", "--json").stdout)
+    assert [p["pid"] for p in status["processes"] if p["what"] == "delay-line"] == [line]

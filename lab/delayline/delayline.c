@@ -15,10 +15,20 @@
  * - each hold runs from the kernel's receive timestamp (NFQA_TIMESTAMP), so the wake-up that
  *   reads a packet is not added to its delay;
  * - SCHED_FIFO, 1 ns timer slack and nanosecond epoll timeouts, so that a release is late by
- *   the machine's timer wake-up only, not by the exporters, iperf3 or Prometheus beside it.
+ *   the machine's timer wake-up only, not by the exporters, iperf3 or Prometheus beside it;
+ * - delays changed while it runs, through its control socket: a restart would make the kernel
+ *   drop every packet that every path holds (the queues go with their socket) and let packets
+ *   through undelayed until the new process binds, so one path's delay change would cost the
+ *   other paths' tests their packets.
  *
- * Usage: pathprobe-delay-line QUEUE:SECONDS [QUEUE:SECONDS ...]
+ * Usage: pathprobe-delay-line [--control PATH] QUEUE:SECONDS [QUEUE:SECONDS ...]
  * Prints "ready" once every queue is bound. Exits 2 on bad arguments, 1 on a netlink error.
+ * With --control it listens on the Unix stream socket PATH for a line "QUEUE:SECONDS ..." (the
+ * delays wanted from now on) and answers "ok" or "error: WHY" once they apply: a queue not bound
+ * yet is bound, a listed one takes its new delay for the packets it queues from then on (held
+ * ones keep theirs and nothing overtakes them: a queue stays FIFO), one not listed keeps its
+ * delay (the lab removes its iptables rule, so nothing more comes to it). A bad line changes
+ * nothing.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -40,6 +50,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -56,6 +67,7 @@
  * costs a wake-up a packet. Shorter delays wake this process as their packets arrive. */
 #define LAZY_DELAY_NS 2000000
 #define LAZY_READ_NS 1000000
+#define CONTROL_BYTES 65536          /* one control line: ~12 bytes a queue */
 
 struct held {
 	uint64_t due_ns;
@@ -83,10 +95,16 @@ static struct {
 } stats;
 static volatile sig_atomic_t report_asked, stop_asked;
 
-static struct path *paths;
-static size_t npaths;
+static struct path **paths; /* each allocated once: the epoll sets and the heap point to them */
+static size_t npaths, paths_cap;
 static struct path **heap; /* paths holding packets, the earliest head due first */
 static size_t heap_len;
+static int ep_all, ep_prompt; /* every queue's socket and the control socket; the prompt queues' */
+static int control_fd = -1;   /* in ep_all with a NULL data.ptr */
+
+static void bind_queue(struct path *p);
+static void raise_fd_limit(void);
+static void on_control(void);
 
 static void die(const char *what)
 {
@@ -104,6 +122,12 @@ static uint64_t clock_ns(clockid_t clock)
 static uint64_t head_due(const struct path *p)
 {
 	return p->ring[p->head].due_ns;
+}
+
+/* Whether a queue's socket wakes this process on each arrival (see LAZY_DELAY_NS). */
+static bool prompt(const struct path *p)
+{
+	return p->delay_ns < LAZY_DELAY_NS;
 }
 
 static void heap_swap(size_t a, size_t b)
@@ -211,7 +235,7 @@ static bool read_queue(struct path *p)
 static void count_late(const struct path *p, uint64_t late_ns)
 {
 	uint64_t bucket = late_ns / 10000;
-	stats.late[p->delay_ns < LAZY_DELAY_NS ? PROMPT : LAZY][bucket < LATE_BUCKETS ? bucket : LATE_BUCKETS - 1]++;
+	stats.late[prompt(p) ? PROMPT : LAZY][bucket < LATE_BUCKETS ? bucket : LATE_BUCKETS - 1]++;
 }
 
 /* Accepts every due packet; returns the monotonic time the next one is due, or 0. */
@@ -354,8 +378,12 @@ static void read_ready(int ep, int timeout_ms)
 	if (n < 0 && errno != EINTR)
 		die("epoll_wait");
 	size_t nbusy = 0;
-	for (int k = 0; k < n; k++)
-		busy[nbusy++] = events[k].data.ptr;
+	for (int k = 0; k < n; k++) {
+		if (events[k].data.ptr)
+			busy[nbusy++] = events[k].data.ptr;
+		else
+			on_control();
+	}
 	while (nbusy) {
 		size_t still = 0;
 		for (size_t k = 0; k < nbusy; k++)
@@ -367,27 +395,154 @@ static void read_ready(int ep, int timeout_ms)
 	}
 }
 
-static void parse_args(int argc, char **argv)
+/* One "QUEUE:SECONDS"; false when it is not one (queue 0-65535, 0-10 s). */
+static bool parse_spec(const char *spec, uint16_t *queue, uint64_t *delay_ns)
 {
-	npaths = (size_t)(argc - 1);
-	paths = calloc(npaths, sizeof(*paths));
-	heap = calloc(npaths, sizeof(*heap));
-	if (npaths == 0 || !paths || !heap) {
-		fprintf(stderr, "usage: %s QUEUE:SECONDS [QUEUE:SECONDS ...]\n", argv[0]);
-		exit(2);
-	}
-	for (size_t k = 0; k < npaths; k++) {
-		char *end;
-		unsigned long queue = strtoul(argv[k + 1], &end, 10);
-		double delay = *end == ':' ? strtod(end + 1, &end) : -1;
-		if (*end || queue > 65535 || !(delay >= 0 && delay <= 10)) {
-			fprintf(stderr, "delay line: argument %zu (%s): want QUEUE:SECONDS, queue 0-65535, 0-10 s\n",
-				k + 1, argv[k + 1]);
+	char *end;
+	unsigned long q = strtoul(spec, &end, 10);
+	if (end == spec || *end != ':')
+		return false;
+	const char *seconds = end + 1;
+	double delay = strtod(seconds, &end);
+	if (end == seconds || *end || q > 65535 || !(delay >= 0 && delay <= 10))
+		return false;
+	*queue = (uint16_t)q;
+	*delay_ns = (uint64_t)(delay * 1e9 + 0.5);
+	return true;
+}
+
+/* The arguments: [--control PATH] QUEUE:SECONDS ...; returns the index of the first delay.
+ * Exits 2 naming a bad argument. */
+static const char *control_path;
+static int check_args(int argc, char **argv)
+{
+	int first = 1;
+	if (argc > 2 && strcmp(argv[1], "--control") == 0) {
+		control_path = argv[2];
+		first = 3;
+		if (strlen(control_path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+			fprintf(stderr, "delay line: argument 2 (%s): a control socket path this long cannot be bound\n",
+				control_path);
 			exit(2);
 		}
-		paths[k] = (struct path){.queue = (uint16_t)queue, .delay_ns = (uint64_t)(delay * 1e9 + 0.5),
-					 .heap_pos = SIZE_MAX};
 	}
+	if (first >= argc) {
+		fprintf(stderr, "usage: %s [--control PATH] QUEUE:SECONDS [QUEUE:SECONDS ...]\n", argv[0]);
+		exit(2);
+	}
+	for (int k = first; k < argc; k++) {
+		uint16_t queue;
+		uint64_t delay_ns;
+		if (!parse_spec(argv[k], &queue, &delay_ns)) {
+			fprintf(stderr, "delay line: argument %d (%s): want QUEUE:SECONDS, queue 0-65535, 0-10 s\n", k,
+				argv[k]);
+			exit(2);
+		}
+	}
+	return first;
+}
+
+static struct path *find_path(uint16_t queue)
+{
+	for (size_t k = 0; k < npaths; k++)
+		if (paths[k]->queue == queue)
+			return paths[k];
+	return NULL;
+}
+
+
+/* A queue at a delay: an existing one takes it (joining or leaving the prompt set), a new one is
+ * bound and watched. */
+static void set_delay(uint16_t queue, uint64_t delay_ns)
+{
+	struct path *p = find_path(queue);
+	if (p) {
+		bool was_prompt = prompt(p);
+		p->delay_ns = delay_ns;
+		struct epoll_event ev = {.events = EPOLLIN, .data.ptr = p};
+		int fd = mnl_socket_get_fd(p->nl);
+		if (was_prompt != prompt(p) &&
+		    epoll_ctl(ep_prompt, prompt(p) ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, fd, &ev) < 0)
+			die("epoll_ctl");
+		return;
+	}
+	if (npaths == paths_cap) {
+		paths_cap = paths_cap ? paths_cap * 2 : 64;
+		paths = realloc(paths, paths_cap * sizeof(*paths));
+		heap = realloc(heap, paths_cap * sizeof(*heap));
+		if (!paths || !heap)
+			die("out of memory");
+	}
+	p = malloc(sizeof(*p));
+	if (!p)
+		die("out of memory");
+	*p = (struct path){.queue = queue, .delay_ns = delay_ns, .heap_pos = SIZE_MAX};
+	paths[npaths++] = p;
+	raise_fd_limit();
+	bind_queue(p);
+	struct epoll_event ev = {.events = EPOLLIN, .data.ptr = p};
+	int fd = mnl_socket_get_fd(p->nl);
+	if (epoll_ctl(ep_all, EPOLL_CTL_ADD, fd, &ev) < 0 ||
+	    (prompt(p) && epoll_ctl(ep_prompt, EPOLL_CTL_ADD, fd, &ev) < 0))
+		die("epoll_ctl");
+}
+
+/* A control line: "QUEUE:SECONDS ..." (none: no change) and a newline. Every delay is checked
+ * before any applies. */
+static bool apply_line(char *line)
+{
+	static struct {
+		uint16_t queue;
+		uint64_t delay_ns;
+	} wanted[CONTROL_BYTES / 4]; /* "Q:S " is 4 bytes at the least */
+	const size_t most = sizeof(wanted) / sizeof(wanted[0]);
+	size_t n = 0;
+	char *end = strchr(line, '\n'), *save;
+	if (!end)
+		return false;
+	*end = '\0';
+	for (char *token = strtok_r(line, " ", &save); token; token = strtok_r(NULL, " ", &save), n++)
+		if (n == most || !parse_spec(token, &wanted[n].queue, &wanted[n].delay_ns))
+			return false;
+	for (size_t k = 0; k < n; k++)
+		set_delay(wanted[k].queue, wanted[k].delay_ns);
+	fprintf(stderr, "delay line: %zu delays set through the control socket\n", n);
+	return true;
+}
+
+/* One request on the control socket (see the usage at the top), answered "ok" once it applies. */
+static void on_control(void)
+{
+	static char line[CONTROL_BYTES];
+	int conn = accept4(control_fd, NULL, NULL, SOCK_CLOEXEC);
+	if (conn < 0)
+		return;
+	/* The packets wait while a request is read: a client that sends no line holds them 0.1 s at most. */
+	struct timeval patience = {.tv_usec = 100000};
+	setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof(patience));
+	size_t len = 0;
+	ssize_t n;
+	while (len < sizeof(line) - 1 && !memchr(line, '\n', len) &&
+	       (n = recv(conn, line + len, sizeof(line) - 1 - len, 0)) > 0)
+		len += (size_t)n;
+	line[len] = '\0';
+	const char *reply = apply_line(line) ? "ok\n" : "error: want one line of QUEUE:SECONDS, queue 0-65535, 0-10 s\n";
+	send(conn, reply, strlen(reply), MSG_NOSIGNAL);
+	close(conn);
+}
+
+/* Listens on the control socket; a stale one (a killed run's) is replaced. */
+static void listen_control(void)
+{
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
+	strcpy(addr.sun_path, control_path); /* its length was checked with the arguments */
+	unlink(control_path);
+	control_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (control_fd < 0 || bind(control_fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 || listen(control_fd, 4) < 0)
+		die("listening on the control socket");
+	struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
+	if (epoll_ctl(ep_all, EPOLL_CTL_ADD, control_fd, &ev) < 0)
+		die("epoll_ctl");
 }
 
 /* Timer wake-ups are the delay's error: 1 ns slack instead of 50 us, a real-time priority,
@@ -402,7 +557,8 @@ static void tighten_timers(void)
 	mlockall(MCL_CURRENT | MCL_FUTURE);
 }
 
-/* A socket per queue: a large lab has more queues than the default 1,024 descriptors. */
+/* A socket per queue: a large lab has more queues than the default 1,024 descriptors. Called
+ * before each queue is bound. */
 static void raise_fd_limit(void)
 {
 	struct rlimit lim;
@@ -426,31 +582,31 @@ static void on_signal(int sig)
 
 int main(int argc, char **argv)
 {
-	parse_args(argc, argv);
+	int first = check_args(argc, argv);
 	signal(SIGPIPE, SIG_IGN);
 	struct sigaction action = {.sa_handler = on_signal}; /* no SA_RESTART: a wait ends at once */
 	sigaction(SIGUSR1, &action, NULL);
 	sigaction(SIGTERM, &action, NULL);
 	sigaction(SIGINT, &action, NULL);
 	tighten_timers();
-	raise_fd_limit();
 	/* The kernel stamps packets on receive only while some socket asks for stamps (a global
 	 * switch); hold one open so that every queued packet carries NFQA_TIMESTAMP. */
 	int stamps = socket(AF_INET, SOCK_DGRAM, 0), on = 1;
 	if (stamps < 0 || setsockopt(stamps, SOL_SOCKET, SO_TIMESTAMPNS_OPT, &on, sizeof(on)) < 0)
 		die("enabling receive timestamps");
 
-	int ep_all = epoll_create1(0), ep_prompt = epoll_create1(0);
+	ep_all = epoll_create1(0);
+	ep_prompt = epoll_create1(0);
 	if (ep_all < 0 || ep_prompt < 0)
 		die("epoll_create1");
-	for (size_t k = 0; k < npaths; k++) {
-		bind_queue(&paths[k]);
-		int fd = mnl_socket_get_fd(paths[k].nl);
-		struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &paths[k]};
-		if (epoll_ctl(ep_all, EPOLL_CTL_ADD, fd, &ev) < 0 ||
-		    (paths[k].delay_ns < LAZY_DELAY_NS && epoll_ctl(ep_prompt, EPOLL_CTL_ADD, fd, &ev) < 0))
-			die("epoll_ctl");
+	for (int k = first; k < argc; k++) {
+		uint16_t queue;
+		uint64_t delay_ns;
+		parse_spec(argv[k], &queue, &delay_ns); /* checked */
+		set_delay(queue, delay_ns);
 	}
+	if (control_path)
+		listen_control();
 	printf("ready\n");
 	fflush(stdout);
 
@@ -464,9 +620,11 @@ int main(int argc, char **argv)
 		if (next)
 			wait_until(ep_prompt, next < last_read + LAZY_READ_NS ? next : last_read + LAZY_READ_NS, now);
 		stats.wakeups++;
-		read_ready(ep_all, next ? 0 : -1); /* nothing held: wait for any packet */
+		read_ready(ep_all, next ? 0 : -1); /* nothing held: wait for any packet or request */
 		last_read = clock_ns(CLOCK_MONOTONIC);
 	}
+	if (control_path)
+		unlink(control_path);
 	print_stats();
 	return 0;
 }

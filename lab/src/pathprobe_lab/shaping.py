@@ -1,6 +1,6 @@
 """Shaping the lab's paths: rate (HTB on the router, per source), loss (nftables numgen)
-and one-way delay (iptables NFQUEUE to the delay line, which this module starts and
-restarts). Used by `lab up` and by impair/restore.
+and one-way delay (iptables NFQUEUE to the delay line, which this module starts, restarts if
+it died, and tells a path's new delay). Used by `lab up` and by impair/restore.
 
 The delay line is the compiled `pathprobe-delay-line` (lab/delayline/delayline.c, built into
 the venv by scripts/setup.sh); `PATHPROBE_LAB_DELAY_LINE=python` runs the Python one
@@ -12,11 +12,12 @@ import json
 import os
 import select
 import shutil
+import socket
 import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pathprobe import procs
 
@@ -119,32 +120,57 @@ def queue_number(i: int, j: int) -> int:
     return i * 256 + j
 
 
+# The compiled delay line's control socket (delayline.c's usage says what it takes).
+DELAY_LINE_CONTROL = STATE_DIR / "delay-line.sock"
+
+
 def _delay(state: State, hosts: list[str]) -> None:
-    ipt = in_ns(ROUTER, [iptables()])
-    sh([*ipt, "-F", "FORWARD"])
-    queues = {}
-    for i, j, s in _pairs(state, hosts):
-        if s.one_way_delay > 0:
-            q = queue_number(i, j)
-            queues[q] = s.one_way_delay
-            # --queue-bypass: if the delay line is gone, packets pass undelayed (lab status says so).
-            sh(
-                [
-                    *ipt,
-                    "-A",
-                    "FORWARD",
-                    "-s",
-                    f"198.18.{i}.0/24",
-                    "-d",
-                    f"198.18.{j}.0/24",
-                    "-j",
-                    "NFQUEUE",
-                    "--queue-num",
-                    str(q),
-                    "--queue-bypass",
-                ]
-            )
+    """Each delayed path's packets to a queue of its own in the delay line. A running line takes
+    new delays through its control socket and only the rules that change are touched: restarting
+    it or flushing the rules would drop the packets every path holds and let packets through
+    undelayed meanwhile, so one path's delay change would cost the other paths' tests."""
+    queues = {queue_number(i, j): s.one_way_delay for i, j, s in _pairs(state, hosts) if s.one_way_delay > 0}
+    running = next((p for p in state.processes if p["what"] == "delay-line" and "control" in p
+                    and procs.alive(p["pid"])), None)  # fmt: skip
+    if running is not None:
+        try:
+            _change_delays(running, queues)
+            state.save()
+            return
+        except OSError:
+            pass  # it went away meanwhile: a new one below
+    sh([*in_ns(ROUTER, [iptables()]), "-F", "FORWARD"])
+    for q in queues:
+        _queue_rule("-A", q)
     _restart_delay_line(state, queues)
+
+
+def _queue_rule(action: Literal["-A", "-D"], queue: int) -> None:
+    """Add or delete the rule that sends path (queue // 256 -> queue % 256)'s packets to its queue.
+    --queue-bypass: if the delay line is gone, packets pass undelayed (lab status says so)."""
+    i, j = divmod(queue, 256)
+    sh(in_ns(ROUTER, [iptables(), action, "FORWARD", "-s", f"198.18.{i}.0/24", "-d", f"198.18.{j}.0/24",
+                      "-j", "NFQUEUE", "--queue-num", str(queue), "--queue-bypass"]))  # fmt: skip
+
+
+def _change_delays(running: dict[str, Any], queues: dict[int, float]) -> None:
+    """The running line's delays from now on, and the rules that changed: a path no longer
+    delayed loses its rule first (its held packets are still released on time), a newly delayed
+    one gets its rule once the line has bound its queue."""
+    before = {int(q) for q in running["queues"]}
+    for q in sorted(before - queues.keys()):
+        _queue_rule("-D", q)
+    line = " ".join(f"{q}:{d!r}" for q, d in sorted(queues.items())) + "\n"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as control:
+        control.settimeout(10)
+        control.connect(running["control"])
+        control.sendall(line.encode())
+        reply = control.makefile().readline().strip()
+    if reply != "ok":
+        raise LabError(f"the delay line refused {line.strip()!r}: {reply or 'no answer'}")
+    for q in sorted(queues.keys() - before):
+        _queue_rule("-A", q)
+    running["queues"] = queues
 
 
 def _restart_delay_line(state: State, queues: dict[int, float]) -> None:
@@ -165,7 +191,10 @@ def _restart_delay_line(state: State, queues: dict[int, float]) -> None:
             child = subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL, start_new_session=True
             )
-        state.processes.append({"pid": child.pid, "what": "delay-line", "queues": queues})
+        record = {"pid": child.pid, "what": "delay-line", "queues": queues}
+        if not _python_delay_line():
+            record["control"] = str(DELAY_LINE_CONTROL)
+        state.processes.append(record)
         state.save()
         # It prints "ready" once every queue is bound; until then packets would pass undelayed.
         assert child.stdout is not None
@@ -177,14 +206,20 @@ def _restart_delay_line(state: State, queues: dict[int, float]) -> None:
     state.save()
 
 
+def _python_delay_line() -> bool:
+    """The Python reference (bench/lab_fidelity.py) instead of the compiled line; it has no
+    control socket, so each delay change restarts it."""
+    return os.environ.get("PATHPROBE_LAB_DELAY_LINE") == "python"
+
+
 def delay_line_command(queues: dict[int, float]) -> list[str]:
-    if os.environ.get("PATHPROBE_LAB_DELAY_LINE") == "python":
+    if _python_delay_line():
         return [sys.executable, "-m", "pathprobe_lab.delayline", "--queues", json.dumps(queues)]
     venv_bin = str(Path(sys.executable).parent)
     binary = shutil.which("pathprobe-delay-line", path=os.pathsep.join([venv_bin, os.environ.get("PATH", "")]))
     if binary is None:
         raise LabError(f"pathprobe-delay-line is not built (not in {venv_bin} nor PATH): run scripts/setup.sh")
-    return [binary, *(f"{q}:{d!r}" for q, d in sorted(queues.items()))]
+    return [binary, "--control", str(DELAY_LINE_CONTROL), *(f"{q}:{d!r}" for q, d in sorted(queues.items()))]
 
 
 def ensure_delay_line(state: State) -> bool:
@@ -200,9 +235,9 @@ def ensure_delay_line(state: State) -> bool:
 def set_path(state: State, src: str, dst: str, spec: PathSpec) -> None:
     """One directed path's shaping. Only what changed is applied again: a rate re-creates the
     qdisc of the router's link towards dst (which the other paths into dst share), a loss the
-    loss table (one nft transaction), a delay the delay rules and the delay line (every path's).
+    loss table (one nft transaction), a delay that path's queue in the running delay line (_delay).
     So a rate or loss change leaves the queues and packets of the paths into other hosts alone,
-    and the packets the delay line holds (see _loss)."""
+    and no change drops the packets the delay line holds for another path (see _loss, _delay)."""
     state.index(src)  # validates the name
     j = state.index(dst)
     before = state.spec(src, dst)
