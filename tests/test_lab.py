@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -195,10 +196,14 @@ def test_the_delay_line_logs_its_counters_when_stopped(serving: None) -> None:
     assert counters is not None and int(counters[1]) > 0 and int(counters[2]) <= 100, log.read_text()[-500:]
 
 
-def test_a_loss_change_on_one_path_drops_nothing_the_delay_line_holds_for_another(serving: None) -> None:
-    # Echoes east <-> west (10 ms each way, in the delay line's queues: about 4 at a time at 200/s)
-    # while another path's loss is set and cleared ten times. Re-creating the loss table's hooked
-    # chain flushed every NFQUEUE queue of the router: a few echoes lost per change.
+def toggled(src: str, dst: str, *impairment: str) -> Callable[[int], object]:
+    """A change that impairs src -> dst at even turns and restores it at odd ones."""
+    return lambda k: lab("impair", src, dst, *impairment) if k % 2 == 0 else lab("restore", src, dst)
+
+
+def echoes_during(change: Callable[[int], object]) -> dict:
+    """1,000 echoes east <-> west (10 ms each way: about 4 at a time in the delay line's queues at
+    200/s) while `change(k)` runs for k = 0 to 9, as long as the echoes last: the probe's report."""
     probe = subprocess.Popen(
         in_ns(ns("east"), [*PATHPROBE, "probe", "loss", address(2), "-c", "1000", "--rate", "200", "--json"]),
         stdout=subprocess.PIPE,
@@ -206,33 +211,28 @@ def test_a_loss_change_on_one_path_drops_nothing_the_delay_line_holds_for_anothe
     )
     changes = 0
     while probe.poll() is None and changes < 10:
-        lab("impair", "north", "east", "--loss", "5%") if changes % 2 == 0 else lab("restore", "north", "east")
+        change(changes)
         changes += 1
     out, _ = probe.communicate(timeout=30)
     assert probe.returncode == 0 and changes >= 4, (changes, out)
     report = json.loads(out)
     assert report["sent"] == 1000 and report["lost"] == 0, report
+    return report
+
+
+def test_a_loss_change_on_one_path_drops_nothing_the_delay_line_holds_for_another(serving: None) -> None:
+    # Another path's loss set and cleared ten times. Re-creating the loss table's hooked chain
+    # flushed every NFQUEUE queue of the router: a few echoes lost per change.
+    echoes_during(toggled("north", "east", "--loss", "5%"))
 
 
 def test_a_delay_change_on_one_path_costs_another_nothing(serving: None) -> None:
-    # The same echoes while north -> west's delay is set (a queue bound while the line runs) and
-    # cleared ten times. Restarting the delay line for each change, as the lab did, dropped what
-    # every queue held (the kernel flushes a queue with its socket) and let packets through
-    # undelayed until the new line had bound its queues: echoes lost and RTTs under 20 ms.
+    # North -> west's delay set (a queue bound while the line runs) and cleared ten times.
+    # Restarting the delay line for each change, as the lab did, dropped what every queue held
+    # (the kernel flushes a queue with its socket) and let packets through undelayed until the
+    # new line had bound its queues: echoes lost, and RTTs under 20 ms.
     line = next(p["pid"] for p in json.loads(lab("status", "--json").stdout)["processes"] if p["what"] == "delay-line")
-    probe = subprocess.Popen(
-        in_ns(ns("east"), [*PATHPROBE, "probe", "loss", address(2), "-c", "1000", "--rate", "200", "--json"]),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    changes = 0
-    while probe.poll() is None and changes < 10:
-        lab("impair", "north", "west", "--delay", "30ms") if changes % 2 == 0 else lab("restore", "north", "west")
-        changes += 1
-    out, _ = probe.communicate(timeout=30)
-    assert probe.returncode == 0 and changes >= 4, (changes, out)
-    report = json.loads(out)
-    assert report["sent"] == 1000 and report["lost"] == 0, report
+    report = echoes_during(toggled("north", "west", "--delay", "30ms"))
     assert report["rtt_seconds"]["min"] >= 0.020, report["rtt_seconds"]
     # The changes took effect in the same process: north -> west is 30 ms one way, west -> north 0.
     lab("impair", "north", "west", "--delay", "30ms")
@@ -241,3 +241,23 @@ def test_a_delay_change_on_one_path_costs_another_nothing(serving: None) -> None
     assert rtt_p50("north", 2) < 0.005
     status = json.loads(lab("status", "--json").stdout)
     assert [p["pid"] for p in status["processes"] if p["what"] == "delay-line"] == [line]
+
+
+def test_a_bad_control_line_changes_nothing(serving: None) -> None:
+    with socket.socket(socket.AF_UNIX) as control:
+        control.settimeout(10)
+        control.connect(str(shaping.DELAY_LINE_CONTROL))
+        control.sendall(b"514:0.5 7\n")  # a good delay, then a word that is none
+        assert control.makefile().readline().startswith("error: want one line of QUEUE:SECONDS")
+    assert rtt_p50("east", 2) == pytest.approx(0.020, abs=RTT_TOLERANCE)
+
+
+def test_a_delay_change_starts_a_dead_delay_line_again(serving: None) -> None:
+    state = State.load()
+    assert state is not None
+    dead = next(p["pid"] for p in state.processes if p["what"] == "delay-line")
+    os.kill(dead, 9)
+    lab("impair", "east", "west", "--delay", "30ms")
+    assert rtt_p50("east", 2) == pytest.approx(0.040, abs=RTT_TOLERANCE)
+    status = json.loads(lab("status", "--json").stdout)
+    assert [p["alive"] for p in status["processes"] if p["what"] == "delay-line" and p["pid"] != dead] == [True]

@@ -10,8 +10,9 @@
  * - a socket per queue, read in turns of at most BATCH messages: a test filling one path's
  *   socket cannot hold the packets of another path behind it;
  * - copy mode META and F_GSO: payloads never come to userspace, GSO super-packets whole;
- * - one batch verdict per queue per wake-up accepts every due packet at once (NF_ACCEPT for
- *   every id up to the last due one), right because a queue's packets share one delay (FIFO);
+ * - a batch verdict accepts a queue's due packets together (NF_ACCEPT for every id up to the
+ *   last due one), right because a queue's packets are released in order (FIFO); VERDICT_MOST
+ *   at a time, the earliest due queue first, so that one path's batch never holds another's;
  * - each hold runs from the kernel's receive timestamp (NFQA_TIMESTAMP), so the wake-up that
  *   reads a packet is not added to its delay;
  * - SCHED_FIFO, 1 ns timer slack and nanosecond epoll timeouts, so that a release is late by
@@ -67,6 +68,9 @@
  * costs a wake-up a packet. Shorter delays wake this process as their packets arrive. */
 #define LAZY_DELAY_NS 2000000
 #define LAZY_READ_NS 1000000
+/* Packets one verdict accepts at most (release_due says why): a GSO packet of a test costs some
+ * microseconds to forward, a verdict itself about one. */
+#define VERDICT_MOST 8
 #define CONTROL_BYTES 65536          /* one control line: ~12 bytes a queue */
 
 struct held {
@@ -94,6 +98,7 @@ static struct {
 	uint64_t late[2][LATE_BUCKETS];
 } stats;
 static volatile sig_atomic_t report_asked, stop_asked;
+static sigset_t waiting_mask; /* the signal mask while waiting for packets: see main */
 
 static struct path **paths; /* each allocated once: the epoll sets and the heap point to them */
 static size_t npaths, paths_cap;
@@ -102,7 +107,7 @@ static size_t heap_len;
 static int ep_all, ep_prompt; /* every queue's socket and the control socket; the prompt queues' */
 static int control_fd = -1;   /* in ep_all with a NULL data.ptr */
 
-static void bind_queue(struct path *p);
+static int bind_queue(struct path *p);
 static void raise_fd_limit(void);
 static void on_control(void);
 
@@ -238,15 +243,20 @@ static void count_late(const struct path *p, uint64_t late_ns)
 	stats.late[prompt(p) ? PROMPT : LAZY][bucket < LATE_BUCKETS ? bucket : LATE_BUCKETS - 1]++;
 }
 
-/* Accepts every due packet; returns the monotonic time the next one is due, or 0. */
-static uint64_t release_due(uint64_t now)
+/* Accepts every due packet, the earliest due first, at most VERDICT_MOST at a time: a verdict
+ * returns only once the kernel has forwarded its packets (nfqnl_reinject runs the router's
+ * forwarding and the receiving host's stack in this process's context), so a large batch of one
+ * path would hold another path's packet that falls due meanwhile. The clock is read again after
+ * each verdict. Returns the monotonic time the next packet is due, or 0. */
+static uint64_t release_due(void)
 {
 	char buf[256];
+	uint64_t now = clock_ns(CLOCK_MONOTONIC);
 	while (heap_len && head_due(heap[0]) <= now) {
 		struct path *p = heap[0];
 		uint32_t last = 0;
 		count_late(p, now - head_due(p)); /* the earliest released packet is the latest one */
-		while (p->count && p->ring[p->head].due_ns <= now) {
+		for (int n = 0; n < VERDICT_MOST && p->count && p->ring[p->head].due_ns <= now; n++) {
 			last = p->ring[p->head].id;
 			p->head = (p->head + 1) & (p->cap - 1);
 			p->count--;
@@ -266,6 +276,7 @@ static uint64_t release_due(uint64_t now)
 				heap_down(0);
 			}
 		}
+		now = clock_ns(CLOCK_MONOTONIC);
 	}
 	return heap_len ? head_due(heap[0]) : 0;
 }
@@ -303,8 +314,9 @@ static void print_stats(void)
 		prompt99, lazy50, lazy99);
 }
 
-/* Binds one queue on its own socket and waits for the kernel's ack. */
-static void bind_queue(struct path *p)
+/* Binds one queue on its own socket and waits for the kernel's ack: 0, or the kernel's errno
+ * (a queue another process holds: EBUSY). */
+static int bind_queue(struct path *p)
 {
 	char buf[MNL_SOCKET_BUFFER_SIZE];
 	p->nl = mnl_socket_open(NETLINK_NETFILTER);
@@ -335,12 +347,9 @@ static void bind_queue(struct path *p)
 		for (nlh = (struct nlmsghdr *)buf; mnl_nlmsg_ok(nlh, len); nlh = mnl_nlmsg_next(nlh, &len)) {
 			if (nlh->nlmsg_type == NLMSG_ERROR && nlh->nlmsg_seq == 1) {
 				const struct nlmsgerr *err = mnl_nlmsg_get_payload(nlh);
-				if (err->error) {
-					errno = -err->error;
-					fprintf(stderr, "delay line: binding NFQUEUE %u: %s\n", p->queue, strerror(errno));
-					exit(1);
-				}
-				return;
+				if (err->error)
+					fprintf(stderr, "delay line: binding NFQUEUE %u: %s\n", p->queue, strerror(-err->error));
+				return -err->error;
 			}
 			if ((nlh->nlmsg_type & 0xff) == NFQNL_MSG_PACKET)
 				on_packet(p, nlh, now_mono, now_real);
@@ -351,15 +360,16 @@ static void bind_queue(struct path *p)
 /* Waits until `target` or until a prompt queue has a packet. A timer wakes this process some
  * tens of microseconds late on a VM, which would add to every delay: so it asks to be woken
  * that much early (the lateness seen so far, a moving average) and spins the rest. */
-static void wait_until(int ep_prompt, uint64_t target, uint64_t now)
+static void wait_until(uint64_t target)
 {
 	static uint64_t early_ns;
 	struct epoll_event event;
+	uint64_t now = clock_ns(CLOCK_MONOTONIC); /* not the caller's: releases may have taken a while */
 	if (target <= now)
 		return;
 	uint64_t ask = target - (early_ns < target - now ? early_ns : target - now);
 	struct timespec left = {(time_t)((ask - now) / 1000000000u), (long)((ask - now) % 1000000000u)};
-	if (epoll_pwait2(ep_prompt, &event, 1, &left, NULL) != 0)
+	if (epoll_pwait2(ep_prompt, &event, 1, &left, &waiting_mask) != 0)
 		return; /* a packet to read, or a signal */
 	now = clock_ns(CLOCK_MONOTONIC);
 	int64_t late = (int64_t)(now - ask) < MAX_WAKE_EARLY_NS ? (int64_t)(now - ask) : MAX_WAKE_EARLY_NS;
@@ -370,11 +380,11 @@ static void wait_until(int ep_prompt, uint64_t target, uint64_t now)
 
 /* Reads every ready queue's socket, in turns of BATCH messages, until all are drained, releasing
  * what falls due in between; waits up to `timeout_ms` (-1: for ever) for one to be ready. */
-static void read_ready(int ep, int timeout_ms)
+static void read_ready(int timeout_ms)
 {
 	struct epoll_event events[64];
 	struct path *busy[64];
-	int n = epoll_wait(ep, events, 64, timeout_ms);
+	int n = epoll_pwait(ep_all, events, 64, timeout_ms, &waiting_mask);
 	if (n < 0 && errno != EINTR)
 		die("epoll_wait");
 	size_t nbusy = 0;
@@ -391,7 +401,7 @@ static void read_ready(int ep, int timeout_ms)
 				busy[still++] = busy[k];
 		nbusy = still;
 		if (nbusy)
-			release_due(clock_ns(CLOCK_MONOTONIC));
+			release_due();
 	}
 }
 
@@ -452,8 +462,8 @@ static struct path *find_path(uint16_t queue)
 
 
 /* A queue at a delay: an existing one takes it (joining or leaving the prompt set), a new one is
- * bound and watched. */
-static void set_delay(uint16_t queue, uint64_t delay_ns)
+ * bound and watched. Returns 0, or the errno of a new queue's bind (nothing is then changed). */
+static int set_delay(uint16_t queue, uint64_t delay_ns)
 {
 	struct path *p = find_path(queue);
 	if (p) {
@@ -464,9 +474,9 @@ static void set_delay(uint16_t queue, uint64_t delay_ns)
 		if (was_prompt != prompt(p) &&
 		    epoll_ctl(ep_prompt, prompt(p) ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, fd, &ev) < 0)
 			die("epoll_ctl");
-		return;
+		return 0;
 	}
-	if (npaths == paths_cap) {
+	if (npaths == paths_cap) { /* before the bind: packets held while it waits go on the heap */
 		paths_cap = paths_cap ? paths_cap * 2 : 64;
 		paths = realloc(paths, paths_cap * sizeof(*paths));
 		heap = realloc(heap, paths_cap * sizeof(*heap));
@@ -477,40 +487,53 @@ static void set_delay(uint16_t queue, uint64_t delay_ns)
 	if (!p)
 		die("out of memory");
 	*p = (struct path){.queue = queue, .delay_ns = delay_ns, .heap_pos = SIZE_MAX};
-	paths[npaths++] = p;
 	raise_fd_limit();
-	bind_queue(p);
+	int err = bind_queue(p);
+	if (err) { /* refused: no packet came to it */
+		mnl_socket_close(p->nl);
+		free(p);
+		return err;
+	}
+	paths[npaths++] = p;
 	struct epoll_event ev = {.events = EPOLLIN, .data.ptr = p};
 	int fd = mnl_socket_get_fd(p->nl);
 	if (epoll_ctl(ep_all, EPOLL_CTL_ADD, fd, &ev) < 0 ||
 	    (prompt(p) && epoll_ctl(ep_prompt, EPOLL_CTL_ADD, fd, &ev) < 0))
 		die("epoll_ctl");
+	return 0;
 }
 
 /* A control line: "QUEUE:SECONDS ..." (none: no change) and a newline. Every delay is checked
- * before any applies. */
-static bool apply_line(char *line)
+ * before any applies. Returns the answer: "ok", or "error: ..." (a queue that could not be
+ * bound: the ones before it in the line took their delays). */
+static const char *apply_line(char *line)
 {
 	static struct {
 		uint16_t queue;
 		uint64_t delay_ns;
 	} wanted[CONTROL_BYTES / 4]; /* "Q:S " is 4 bytes at the least */
+	static char answer[128];
 	const size_t most = sizeof(wanted) / sizeof(wanted[0]);
 	size_t n = 0;
 	char *end = strchr(line, '\n'), *save;
 	if (!end)
-		return false;
+		return "error: want one line of QUEUE:SECONDS, queue 0-65535, 0-10 s\n";
 	*end = '\0';
 	for (char *token = strtok_r(line, " ", &save); token; token = strtok_r(NULL, " ", &save), n++)
 		if (n == most || !parse_spec(token, &wanted[n].queue, &wanted[n].delay_ns))
-			return false;
-	for (size_t k = 0; k < n; k++)
-		set_delay(wanted[k].queue, wanted[k].delay_ns);
+			return "error: want one line of QUEUE:SECONDS, queue 0-65535, 0-10 s\n";
+	for (size_t k = 0; k < n; k++) {
+		int err = set_delay(wanted[k].queue, wanted[k].delay_ns);
+		if (err) {
+			snprintf(answer, sizeof(answer), "error: binding NFQUEUE %u: %s\n", wanted[k].queue, strerror(err));
+			return answer;
+		}
+	}
 	fprintf(stderr, "delay line: %zu delays set through the control socket\n", n);
-	return true;
+	return "ok\n";
 }
 
-/* One request on the control socket (see the usage at the top), answered "ok" once it applies. */
+/* One request on the control socket (see the usage at the top), answered once it applies. */
 static void on_control(void)
 {
 	static char line[CONTROL_BYTES];
@@ -526,8 +549,8 @@ static void on_control(void)
 	       (n = recv(conn, line + len, sizeof(line) - 1 - len, 0)) > 0)
 		len += (size_t)n;
 	line[len] = '\0';
-	const char *reply = apply_line(line) ? "ok\n" : "error: want one line of QUEUE:SECONDS, queue 0-65535, 0-10 s\n";
-	send(conn, reply, strlen(reply), MSG_NOSIGNAL);
+	const char *answer = apply_line(line);
+	send(conn, answer, strlen(answer), MSG_NOSIGNAL);
 	close(conn);
 }
 
@@ -584,10 +607,18 @@ int main(int argc, char **argv)
 {
 	int first = check_args(argc, argv);
 	signal(SIGPIPE, SIG_IGN);
-	struct sigaction action = {.sa_handler = on_signal}; /* no SA_RESTART: a wait ends at once */
+	/* The signals it handles come only while it waits for packets (waiting_mask): one that came
+	 * just before a wait ends that wait, and no other call is cut short by one. */
+	struct sigaction action = {.sa_handler = on_signal};
 	sigaction(SIGUSR1, &action, NULL);
 	sigaction(SIGTERM, &action, NULL);
 	sigaction(SIGINT, &action, NULL);
+	sigset_t handled;
+	sigemptyset(&handled);
+	sigaddset(&handled, SIGUSR1);
+	sigaddset(&handled, SIGTERM);
+	sigaddset(&handled, SIGINT);
+	sigprocmask(SIG_BLOCK, &handled, &waiting_mask);
 	tighten_timers();
 	/* The kernel stamps packets on receive only while some socket asks for stamps (a global
 	 * switch); hold one open so that every queued packet carries NFQA_TIMESTAMP. */
@@ -603,7 +634,8 @@ int main(int argc, char **argv)
 		uint16_t queue;
 		uint64_t delay_ns;
 		parse_spec(argv[k], &queue, &delay_ns); /* checked */
-		set_delay(queue, delay_ns);
+		if (set_delay(queue, delay_ns))
+			exit(1);
 	}
 	if (control_path)
 		listen_control();
@@ -616,11 +648,11 @@ int main(int argc, char **argv)
 			report_asked = 0;
 			print_stats();
 		}
-		uint64_t now = clock_ns(CLOCK_MONOTONIC), next = release_due(now);
+		uint64_t next = release_due();
 		if (next)
-			wait_until(ep_prompt, next < last_read + LAZY_READ_NS ? next : last_read + LAZY_READ_NS, now);
+			wait_until(next < last_read + LAZY_READ_NS ? next : last_read + LAZY_READ_NS);
 		stats.wakeups++;
-		read_ready(ep_all, next ? 0 : -1); /* nothing held: wait for any packet or request */
+		read_ready(next ? 0 : -1); /* nothing held: wait for any packet or request */
 		last_read = clock_ns(CLOCK_MONOTONIC);
 	}
 	if (control_path)

@@ -126,51 +126,38 @@ DELAY_LINE_CONTROL = STATE_DIR / "delay-line.sock"
 
 def _delay(state: State, hosts: list[str]) -> None:
     """Each delayed path's packets to a queue of its own in the delay line. A running line takes
-    new delays through its control socket and only the rules that change are touched: restarting
-    it or flushing the rules would drop the packets every path holds and let packets through
-    undelayed meanwhile, so one path's delay change would cost the other paths' tests."""
+    new delays through its control socket (a restart, which a line that cannot take them gets,
+    would drop the packets every path holds and let packets through undelayed meanwhile, so one
+    path's delay change would cost the other paths' tests); then the rules are replaced in one
+    transaction, which leaves the queues' packets alone."""
     queues = {queue_number(i, j): s.one_way_delay for i, j, s in _pairs(state, hosts) if s.one_way_delay > 0}
     running = next((p for p in state.processes if p["what"] == "delay-line" and "control" in p
                     and procs.alive(p["pid"])), None)  # fmt: skip
-    if running is not None:
-        try:
-            _change_delays(running, queues)
-            state.save()
-            return
-        except OSError:
-            pass  # it went away meanwhile: a new one below
-    sh([*in_ns(ROUTER, [iptables()]), "-F", "FORWARD"])
-    for q in queues:
-        _queue_rule("-A", q)
-    _restart_delay_line(state, queues)
+    if running is not None and _told(running, queues):
+        state.save()
+    else:
+        _restart_delay_line(state, queues)
+    # --queue-bypass: if the delay line is gone, packets pass undelayed (lab status says so).
+    rules = "".join(f"-A FORWARD -s 198.18.{q // 256}.0/24 -d 198.18.{q % 256}.0/24 -j NFQUEUE --queue-num {q} "
+                    "--queue-bypass\n" for q in sorted(queues))  # fmt: skip
+    sh(in_ns(ROUTER, [f"{iptables()}-restore", "--noflush"]), input_text=f"*filter\n-F FORWARD\n{rules}COMMIT\n")
 
 
-def _queue_rule(action: Literal["-A", "-D"], queue: int) -> None:
-    """Add or delete the rule that sends path (queue // 256 -> queue % 256)'s packets to its queue.
-    --queue-bypass: if the delay line is gone, packets pass undelayed (lab status says so)."""
-    i, j = divmod(queue, 256)
-    sh(in_ns(ROUTER, [iptables(), action, "FORWARD", "-s", f"198.18.{i}.0/24", "-d", f"198.18.{j}.0/24",
-                      "-j", "NFQUEUE", "--queue-num", str(queue), "--queue-bypass"]))  # fmt: skip
-
-
-def _change_delays(running: dict[str, Any], queues: dict[int, float]) -> None:
-    """The running line's delays from now on, and the rules that changed: a path no longer
-    delayed loses its rule first (its held packets are still released on time), a newly delayed
-    one gets its rule once the line has bound its queue."""
-    before = {int(q) for q in running["queues"]}
-    for q in sorted(before - queues.keys()):
-        _queue_rule("-D", q)
+def _told(running: dict[str, Any], queues: dict[int, float]) -> bool:
+    """Whether the running line took these delays from now on (it binds a queue it lacks; one
+    it is not told of keeps its delay for what it holds, and its rule goes)."""
     line = " ".join(f"{q}:{d!r}" for q, d in sorted(queues.items())) + "\n"
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as control:
-        control.settimeout(10)
-        control.connect(running["control"])
-        control.sendall(line.encode())
-        reply = control.makefile().readline().strip()
-    if reply != "ok":
-        raise LabError(f"the delay line refused {line.strip()!r}: {reply or 'no answer'}")
-    for q in sorted(queues.keys() - before):
-        _queue_rule("-A", q)
-    running["queues"] = queues
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as control:
+            control.settimeout(10)
+            control.connect(running["control"])
+            control.sendall(line.encode())
+            answer = control.makefile().readline().strip()
+    except OSError:
+        return False
+    if answer == "ok":
+        running["queues"] = queues
+    return answer == "ok"
 
 
 def _restart_delay_line(state: State, queues: dict[int, float]) -> None:
