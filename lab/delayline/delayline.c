@@ -28,8 +28,8 @@
  * delays wanted from now on) and answers "ok" or "error: WHY" once they apply: a queue not bound
  * yet is bound, a listed one takes its new delay for the packets it queues from then on (held
  * ones keep theirs and nothing overtakes them: a queue stays FIFO), one not listed keeps its
- * delay (the lab removes its iptables rule, so nothing more comes to it). A bad line changes
- * nothing.
+ * delay (the lab removes its iptables rule, so nothing more comes to it). A malformed line
+ * changes nothing.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -105,7 +105,8 @@ static size_t npaths, paths_cap;
 static struct path **heap; /* paths holding packets, the earliest head due first */
 static size_t heap_len;
 static int ep_all, ep_prompt; /* every queue's socket and the control socket; the prompt queues' */
-static int control_fd = -1;   /* in ep_all with a NULL data.ptr */
+static const char *control_path; /* --control */
+static int control_fd = -1;       /* in ep_all with a NULL data.ptr */
 
 static int bind_queue(struct path *p);
 static void raise_fd_limit(void);
@@ -423,7 +424,6 @@ static bool parse_spec(const char *spec, uint16_t *queue, uint64_t *delay_ns)
 
 /* The arguments: [--control PATH] QUEUE:SECONDS ...; returns the index of the first delay.
  * Exits 2 naming a bad argument. */
-static const char *control_path;
 static int check_args(int argc, char **argv)
 {
 	int first = 1;
