@@ -103,3 +103,27 @@ def test_a_hosts_peers_are_its_pairs_of_the_whole_mesh(seed: int) -> None:
             for m in members:
                 assert peers(members, m.name, policy) == sorted(b if a == m.name else a for a, b in every
                                                                 if m.name in (a, b)), (policy, m)  # fmt: skip
+
+
+def greedy_in_sorted_order(pairs: set[tuple[str, str]]) -> list[list[tuple[str, str]]]:
+    """The colouring as first written (each pair in plain sorted order takes the lowest round free
+    at both ends): every version must give it, or a fleet mid-upgrade disagrees on its schedule."""
+    out: list[list[tuple[str, str]]] = []
+    for a, b in sorted(pairs):
+        k = next(k for k, r in enumerate([*out, []]) if not {a, b} & {h for pair in r for h in pair})
+        if k == len(out):
+            out.append([])
+        out[k].append((a, b))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_rounds_are_the_greedy_colouring_in_sorted_order(seed: int) -> None:
+    # Names whose order as strings is not their order as numbers or lengths.
+    rng = random.Random(seed)
+    members = [Member(rng.choice(["h", "h-", "H", "x"]) + str(rng.randrange(200)), f"r{rng.randrange(3)}")
+               for _ in range(rng.randint(3, 60))]  # fmt: skip
+    members = list({m.name: m for m in members}.values())
+    for policy in (Policy(), Policy(kind="hierarchical", representatives=1)):
+        found = links(members, policy)
+        assert [list(r) for r in rounds(found)] == greedy_in_sorted_order(found)

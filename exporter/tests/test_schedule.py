@@ -1,6 +1,7 @@
 """The mesh schedule: no host in two throughput tests at once, every pair met."""
 
 import itertools
+import random
 
 import pytest
 
@@ -129,3 +130,24 @@ def test_timetables_do_not_pile_up_over_reloads() -> None:
     while t.before is not None:
         t, depth = t.before, depth + 1
     assert depth <= 2
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_projected_view_has_the_full_schedules_turns_for_its_hosts(seed: int) -> None:
+    rng = random.Random(seed)
+    members = hosts(rng.randint(3, 40))
+    pairs = {p for p in itertools.combinations(members, 2) if rng.random() < 0.4}
+    for full in (Schedule.of(members, 20), Schedule.of(members, 20, pairs)):
+        keep = set(rng.sample(members, 2))
+        view = full.projected(keep)
+        assert view.fingerprint == full.fingerprint and len(view.rounds) == len(full.rounds)
+        for slot in range(3 * len(full.rounds)):
+            assert [view.turn(h, slot) for h in sorted(keep)] == [full.turn(h, slot) for h in sorted(keep)]
+            assert {p for p in view.rounds[slot % len(view.rounds)]} == {
+                p for p in full.rounds[slot % len(full.rounds)] if keep & set(p)
+            }
+
+
+def test_pairs_of_a_non_member_are_refused() -> None:
+    with pytest.raises(ValueError, match="'z', not a member"):
+        Schedule.of(["a", "b"], 20, {("a", "z")})

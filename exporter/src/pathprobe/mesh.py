@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter, defaultdict
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Literal
@@ -59,15 +59,17 @@ def check(members: list[Member], policy: Policy, where: str = "mesh") -> None:
 def links(members: list[Member], policy: Policy, where: str = "mesh") -> set[tuple[str, str]]:
     """Every probed pair (a, b) with a < b, the same for every host."""
     check(members, policy, where)
+    # Combinations of sorted names are pairs (a, b) with a < b as they come: no _pair call for
+    # each of a 10,000-member mesh's 2.5 million in-region links.
     if policy.kind == "full_mesh":
-        return {_pair(a.name, b.name) for a, b in combinations(members, 2)}
-    found = set()
+        return set(combinations(sorted(m.name for m in members), 2))
+    found: set[tuple[str, str]] = set()
     scope = (lambda m: (m.region, m.zone)) if policy.scope == "zone" else (lambda m: (m.region,))
     groups: dict[tuple[str, ...], list[Member]] = defaultdict(list)
     for m in members:
         groups[scope(m)].append(m)
     for group in groups.values():
-        found |= {_pair(a.name, b.name) for a, b in combinations(group, 2)}
+        found.update(combinations(sorted(m.name for m in group), 2))
     by_region = _by_region(members)
     if policy.scope == "zone":  # zones of one region: linked like regions, by representatives
         for region, hosts in by_region.items():
@@ -147,16 +149,36 @@ def rounds(pairs: Collection[tuple[str, str]]) -> tuple[tuple[tuple[str, str], .
     """The rounds of one throughput rotation over these pairs, no host in two pairs of a
     round: a greedy edge colouring in sorted order (at most twice the largest degree
     rounds), so the same on every host."""
+    names = {name for pair in pairs for name in pair}
+    return colour(in_order(pairs, names), names)
+
+
+def in_order(pairs: Collection[tuple[str, str]], names: Collection[str]) -> list[tuple[str, str]]:
+    """`pairs` (of `names`) sorted as tuples of names are, by each name's rank as one integer:
+    the same order, and a 10,000-member mesh's 2.5 million pairs in half the time."""
+    rank = {name: i for i, name in enumerate(sorted(names))}
+    n = len(rank)
+    return sorted(pairs, key=lambda pair: rank[pair[0]] * n + rank[pair[1]])
+
+
+def colour(
+    ordered: Iterable[tuple[str, str]], names: Collection[str], keep: Collection[str] | None = None
+) -> tuple[tuple[tuple[str, str], ...], ...]:
+    """`rounds` of pairs (of `names`) already `in_order`; with `keep`, each round holds only the
+    pairs of those hosts (a host's view of the rotation: Schedule.projected)."""
     # Each host's used colours as the bits of an int: the lowest colour free at both ends is
     # the lowest zero bit of their union (a 10,000-member mesh: 2.5 million pairs, 700 colours).
-    used: dict[str, int] = defaultdict(int)
+    used = dict.fromkeys(names, 0)
     out: list[list[tuple[str, str]]] = []
-    for a, b in sorted(pairs):
+    for pair in ordered:
+        a, b = pair
         taken = used[a] | used[b]
-        colour = ((taken + 1) & ~taken).bit_length() - 1
-        used[a] |= 1 << colour
-        used[b] |= 1 << colour
-        if colour == len(out):
+        bit = (taken + 1) & ~taken
+        used[a] |= bit
+        used[b] |= bit
+        k = bit.bit_length() - 1
+        if k == len(out):
             out.append([])
-        out[colour].append((a, b))
-    return tuple(tuple(r) for r in out)
+        if keep is None or a in keep or b in keep:
+            out[k].append(pair)
+    return tuple(map(tuple, out))

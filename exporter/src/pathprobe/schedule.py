@@ -43,12 +43,18 @@ class Schedule:
     def of(cls, members: list[str], slot_seconds: float, pairs: set[tuple[str, str]] | None = None) -> Schedule:
         if len(set(members)) != len(members):
             raise ValueError("schedule members must be unique")
-        return cls(tuple(sorted(members)), slot_seconds, None if pairs is None else tuple(sorted(pairs)))
+        if pairs is None:
+            return cls(tuple(sorted(members)), slot_seconds)
+        try:
+            ordered = mesh.in_order(pairs, members)
+        except KeyError as exc:
+            raise ValueError(f"schedule pairs name {exc}, not a member") from None
+        return cls(tuple(sorted(members)), slot_seconds, tuple(ordered))
 
     @cached_property
     def rounds(self) -> tuple[tuple[tuple[str, str], ...], ...]:
         if self.pairs is not None:
-            return mesh.rounds(self.pairs) or ((),)  # no pair at all: one empty round
+            return mesh.colour(self.pairs, self.members) or ((),)  # no pair at all: one empty round
         players: list[str | None] = list(self.members)
         if len(players) % 2:
             players.append(None)  # a bye
@@ -70,7 +76,11 @@ class Schedule:
         for them, without the pairs of the others (a 10,000-member sampled mesh has 2.5 million)."""
         keep = set(hosts)
         view = Schedule(self.members, self.slot_seconds)
-        view.__dict__["rounds"] = tuple(tuple(p for p in r if p[0] in keep or p[1] in keep) for r in self.rounds)
+        if self.pairs is None:
+            rounds = tuple(tuple(p for p in r if p[0] in keep or p[1] in keep) for r in self.rounds)
+        else:  # coloured with the others' pairs, and only this view's kept
+            rounds = mesh.colour(self.pairs, self.members, keep) or ((),)
+        view.__dict__["rounds"] = rounds
         view.__dict__["fingerprint"] = self.fingerprint  # cached_property's own slot: set, not computed
         return view
 
