@@ -154,8 +154,8 @@ def rounds(pairs: Collection[tuple[str, str]]) -> tuple[tuple[tuple[str, str], .
 
 
 def in_order(pairs: Collection[tuple[str, str]], names: Collection[str]) -> list[tuple[str, str]]:
-    """`pairs` (of `names`) sorted as tuples of names are, by each name's rank as one integer:
-    the same order, and a 10,000-member mesh's 2.5 million pairs in half the time."""
+    """`pairs` (of `names`) in the order of sorted name tuples, sorted by one integer made of the
+    two names' ranks: the same order, and a 10,000-member mesh's 2.5 million pairs in half the time."""
     rank = {name: i for i, name in enumerate(sorted(names))}
     n = len(rank)
     return sorted(pairs, key=lambda pair: rank[pair[0]] * n + rank[pair[1]])
