@@ -93,8 +93,9 @@ def test_classify_error(message: str, reason: str) -> None:
 @pytest.mark.parametrize(
     "message", ["unable to write to stream socket: Connection reset by peer", "control socket has closed unexpectedly"]
 )
-def test_a_test_cut_after_its_first_interval_is_an_error_not_a_refusal(message: str) -> None:
-    assert classify_error(message, started=True) == "error"
+def test_a_test_cut_after_its_first_second_is_an_error_not_a_refusal(message: str) -> None:
+    assert classify_error(message, ran_seconds=1.0) == "error"
+    assert classify_error(message, ran_seconds=0.3) == "out_of_turn"
     doc = json.loads(load("tcp_2streams.json")) | {"error": message}
     with pytest.raises(ProbeFailure) as info:
         parse(json.dumps(doc), ThroughputTest())

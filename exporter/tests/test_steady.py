@@ -149,16 +149,22 @@ def test_a_test_that_never_settles_runs_to_its_maximum_and_says_so(tmp_path: Pat
     assert math.isfinite(r.receiver_bytes_per_second)  # type: ignore[attr-defined]
 
 
+CUT = 'echo "iperf3: error - control socket has closed unexpectedly" >&2; exit 1'
+
+
 def test_output_that_stops_mid_test_is_a_failure_not_a_short_result(tmp_path: Path) -> None:
-    rates = [300_000 if (i // 5) % 2 else 400_000 for i in range(8)]
-    r = run(
-        stand_in(
-            tmp_path, rates, exit_line='echo "iperf3: error - control socket has closed unexpectedly" >&2; exit 1'
-        ),
-        duration=5,
-    )
+    rates = [300_000 if (i // 5) % 2 else 400_000 for i in range(15)]
+    r = run(stand_in(tmp_path, rates, exit_line=CUT), duration=5)
     assert isinstance(r, ProbeFailure) and r.reason == "error", r
-    assert "stopped after 0.8 of 5 s" in r.detail and "control socket" in r.detail
+    assert "stopped after 1.5 of 5 s" in r.detail and "control socket" in r.detail
+
+
+def test_a_test_cut_in_its_first_second_is_the_peers_refusal(tmp_path: Path) -> None:
+    # The peer's admission kills its server as the test connects; on a loaded peer that can come
+    # after a few of a steady-state test's 0.1 s intervals, and is still a refusal, not a failure.
+    r = run(stand_in(tmp_path, [400_000] * 3, exit_line=CUT), duration=5)
+    assert isinstance(r, ProbeFailure) and r.reason == "out_of_turn", r
+    assert "stopped after 0.3 of 5 s" in r.detail
 
 
 TRACES = sorted((Path(__file__).parent / "fixtures" / "traces").glob("*.txt"))
