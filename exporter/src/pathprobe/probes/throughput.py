@@ -57,9 +57,10 @@ _ERROR_REASONS: tuple[tuple[str, Reason], ...] = (
     ("unable to initialize stream", "out_of_turn"),  # transport endpoint is not connected
 )
 # Reasons that only a test cut in its first second can have: later, the same message is a failure.
-# The peer's admission kills its server ~3 ms after the accept on an idle host, some hundred ms on a
-# loaded one: a fixed-length test has not reported its first (1 s) interval by then, but a
-# steady-state test reports every 0.1 s, so the test's own time decides, not its interval count.
+# The peer's admission kills its server as the test connects: 24-86 ms into the test on this
+# project's idle loopback mesh, over 100 ms on a loaded machine. A fixed-length test has not reported
+# its first (1 s) interval by then, but a steady-state test reports every 0.1 s: the test's own
+# time decides, not its interval count.
 _AT_START_ONLY: tuple[Reason, ...] = ("out_of_turn",)
 AT_START_SECONDS = 1.0
 # iperf3 -J of a 60 s test with 128 streams is a few MB; a child printing more is broken.
@@ -210,7 +211,8 @@ def parse(output: str | bytes, test: ThroughputTest, now: float | None = None) -
 
 
 def _ran_seconds(intervals: Any) -> float:
-    """The end of the last interval of iperf3 -J's `intervals` (0 for none, or a shape not iperf3's)."""
+    """The end of the last interval of iperf3 -J's `intervals`: 0 for none; AT_START_SECONDS for
+    intervals of a shape not iperf3's (the test had started)."""
     try:
         return float(intervals[-1]["sum"]["end"]) if intervals else 0.0
     except (LookupError, TypeError, ValueError):
