@@ -14,13 +14,11 @@ as a Prometheus shares its host with its scrapes; the figures include that conte
 from __future__ import annotations
 
 import argparse
-import http.server
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections import defaultdict
@@ -46,24 +44,6 @@ def rule_name(rule: dict[str, Any]) -> str:
     return f'{rule["name"]}{{scope="{scope}"}}' if scope and rule["type"] == "recording" else rule["name"]
 
 
-def serve(exporters: fleet_test.FleetExporters) -> http.server.ThreadingHTTPServer:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = exporters.exposition()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", FLEET_PORT), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
 def fault(exporters: fleet_test.FleetExporters) -> None:
     """The 1,000-host test's three faults: h0031 down, region-02 -> region-05 and zone region-07b at 3% loss."""
     down, zone, pair = "h0031", "region-07b", ("region-02", "region-05")
@@ -80,7 +60,7 @@ def main() -> None:
     args = parser.parse_args()
     params = fleet_test.FLEET_PARAMS
     exporters = fleet_test.FleetExporters(fleet_test.fleet_mesh())
-    server = serve(exporters)
+    server = fleet_test.serve_exposition(exporters, FLEET_PORT)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "rules.yml").write_text(rules.dump(params))

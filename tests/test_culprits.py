@@ -517,10 +517,8 @@ class FleetExporters:
         return ("\n".join(lines) + "\n").encode()
 
 
-@pytest.fixture(scope="module")
-def fleet_monitoring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FleetExporters, str, Path]]:
-    work = tmp_path_factory.mktemp("fleet")
-    exporters = FleetExporters(fleet_mesh())
+def serve_exposition(exporters: FleetExporters, port: int) -> http.server.ThreadingHTTPServer:
+    """The exporters' exposition on 127.0.0.1:`port`, served by a thread (bench/rule_cost.py serves it too)."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -534,8 +532,16 @@ def fleet_monitoring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
         def log_message(self, *_: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", FLEET_PORT), Handler)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture(scope="module")
+def fleet_monitoring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FleetExporters, str, Path]]:
+    work = tmp_path_factory.mktemp("fleet")
+    exporters = FleetExporters(fleet_mesh())
+    server = serve_exposition(exporters, FLEET_PORT)
     log = work / "notifications.log"
     log.touch()
     webhook = demo.start_webhook(log, WEBHOOK_PORT)
