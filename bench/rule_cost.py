@@ -44,15 +44,6 @@ def rule_name(rule: dict[str, Any]) -> str:
     return f'{rule["name"]}{{scope="{scope}"}}' if scope and rule["type"] == "recording" else rule["name"]
 
 
-def fault(exporters: fleet_test.FleetExporters) -> None:
-    """The 1,000-host test's three faults: h0031 down, region-02 -> region-05 and zone region-07b at 3% loss."""
-    down, zone, pair = "h0031", "region-07b", ("region-02", "region-05")
-    paths = exporters.paths
-    loss = {p: 0.03 for p in fleet_test.between(paths, src_region=pair[0], dst_region=pair[1])}
-    loss |= {p: 0.03 for p in fleet_test.between(paths, zone=zone) if down not in (p.src.name, p.dst.name)}
-    exporters.fault(loss, down)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--healthy", type=float, default=150, help="seconds before the faults")
@@ -83,7 +74,7 @@ def main() -> None:
             started = time.monotonic()
             while (elapsed := time.monotonic() - started) < args.healthy + args.faulted:
                 if exporters.fault_at is None and elapsed >= args.healthy:
-                    fault(exporters)
+                    exporters.fault(fleet_test.fleet_loss(exporters.paths), fleet_test.FLEET_DOWN)
                 phase = "faulted" if exporters.fault_at is not None else "healthy"
                 with urllib.request.urlopen(f"http://127.0.0.1:{PROM_PORT}/api/v1/rules", timeout=10) as response:
                     for g in json.load(response)["data"]["groups"]:

@@ -517,6 +517,17 @@ class FleetExporters:
         return ("\n".join(lines) + "\n").encode()
 
 
+# Three faults at once, in different parts of the fleet: a host down, a region pair and a zone at
+# 3% loss (bench/rule_cost.py applies the same).
+FLEET_DOWN, FLEET_LOSSY_ZONE, FLEET_LOSSY_PAIR = "h0031", "region-07b", ("region-02", "region-05")
+
+
+def fleet_loss(paths: list[Path_]) -> dict[Path_, float]:
+    """The lossy paths of the three faults: the region pair's, and the zone's that avoid the down host."""
+    loss = {p: 0.03 for p in between(paths, src_region=FLEET_LOSSY_PAIR[0], dst_region=FLEET_LOSSY_PAIR[1])}
+    return loss | {p: 0.03 for p in between(paths, zone=FLEET_LOSSY_ZONE) if FLEET_DOWN not in (p.src.name, p.dst.name)}
+
+
 def serve_exposition(exporters: FleetExporters, port: int) -> http.server.ThreadingHTTPServer:
     """The exporters' exposition on 127.0.0.1:`port`, served by a thread (bench/rule_cost.py serves it too)."""
 
@@ -594,10 +605,8 @@ def test_a_1000_host_fleet_names_each_of_three_faults_and_pages_once_for_each(
     time.sleep(35)  # the loss window (30 s) filled with healthy echoes, so that silence means something
     assert not promql.query(prom, "ALERTS"), promql.query(prom, "ALERTS")
 
-    # Three faults at once, in different parts of the fleet: a host down, a region pair and a zone at 3% loss.
-    down, zone, pair = "h0031", "region-07b", ("region-02", "region-05")
-    loss = {p: 0.03 for p in between(exporters.paths, src_region=pair[0], dst_region=pair[1])}
-    loss |= {p: 0.03 for p in between(exporters.paths, zone=zone) if down not in (p.src.name, p.dst.name)}
+    down, zone, pair = FLEET_DOWN, FLEET_LOSSY_ZONE, FLEET_LOSSY_PAIR
+    loss = fleet_loss(exporters.paths)
     expected = [*culprit_labels("host", True, side="ingress", host=down, region="region-01", zone="region-01b"),
                 *culprit_labels("region_pair", False, region=pair[0], peer_region=pair[1]),
                 *culprit_labels("zone", False, zone=zone, region="region-07")]  # fmt: skip
