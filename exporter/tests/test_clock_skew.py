@@ -18,6 +18,8 @@ from test_reload import wait_for
 from pathprobe.monitoring import rules
 from pathprobe.monitoring.params import Params
 
+pytestmark = pytest.mark.alone
+
 # A slot of 10 s: each half holds one 1 s test. h0's clock SKEW ahead, its tests arrive 2.5 s
 # before their half: 1.5 s after the test of the half before has ended (an earlier arrival meets
 # a server still busy with it, refused by iperf3 as "busy", not by the turns), and 1.5 s before

@@ -157,6 +157,7 @@ def test_a_steady_scraper_gets_a_render_per_scrape_read_fresh() -> None:
     assert max(ages[3:]) < 0.3  # each read a render made after the scrape before
 
 
+@pytest.mark.alone
 def test_a_client_polling_after_a_pause_reads_a_new_snapshot_within_a_refresh() -> None:
     """A client that polls in bursts (a test waiting for a value): the first poll after a pause looks
     like a slow scraper's, and the render thread times the next render for that one's next scrape.

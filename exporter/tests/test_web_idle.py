@@ -23,6 +23,8 @@ import yaml
 from certs import bcrypt_hash, self_signed
 from loopback_mesh import unused_port
 
+pytestmark = pytest.mark.alone
+
 SOURCES = [f"127.0.0.{i}" for i in range(1, 11)]  # 127.0.0.1 is the scraper's too
 PER_SOURCE = 32
 REOPEN_SECONDS = 1.5  # well inside the request deadline (5 s): the server never times them out itself
