@@ -230,7 +230,7 @@ PATH_IDLE_LOST, PATH_IDLE_SENT = ("path:pathprobe_udp_idle_packets_lost:increase
 # counts again took 3-4 s of an evaluation; the lossy paths are few.
 PATH_IDLE_LOSS = "path:pathprobe_udp_idle_packets_lost:ratio"
 # RTT probe runs of each path in the unreachable window, by result: read twice by the reachability
-# signal (no answer, and failed probes), computed once.
+# signal (no answer, and failed probes) and by PathprobePeerUnreachable, computed once.
 RTT_RUNS = "path:pathprobe_rtt_probe_runs:increase"
 IDLE_LOST, IDLE_SENT = "culprit:pathprobe_udp_idle_packets_lost:sum", "culprit:pathprobe_udp_idle_packets_sent:sum"
 # The source's labels that identify a path (the target labels and the peer).
@@ -572,11 +572,11 @@ def _path_alerts(p: Params) -> list[Alert]:
                f"{path_text} no longer carries {{{{ $labels.size_bytes }}}}-byte packets (Don't Fragment set), "
                f"which it carried within {p.mtu_memory}: a path MTU black hole; large transfers stall while "
                "small probes pass.", p.mtu_for),
+        # The RTT probe runs in unreachable_window as the culprit group records them (the increase over a
+        # thousand hosts' counters, taken once: computed here again it took 3-4 s of each evaluation).
         Alert("PathprobePeerUnreachable",
-               f'sum by ({PATH}, host, region, zone) (increase(pathprobe_probe_runs_total{{{sel}, probe="rtt", '
-               f'result="ok"}}[{p.unreachable_window}])) == 0\nand on ({PATH})\n'
-               f'sum by ({PATH}) (increase(pathprobe_probe_runs_total{{{sel}, probe="rtt", result!="ok"}}'
-               f"[{p.unreachable_window}])) > 0",
+               f"sum by ({PATH}, host, region, zone) ({RTT_OK}) == 0\nand on ({PATH})\n"
+               f'sum by ({PATH}) ({RTT_RUNS}{{result!="ok"}}) > 0',
                "critical", "A peer does not answer.",
                f"{{{{ $labels.host }}}} ({{{{ $labels.region }}}}) has had no answer from {{{{ $labels.peer }}}} "
                f"for {p.unreachable_window}.", p.unreachable_for),
