@@ -573,7 +573,7 @@ def _path_alerts(p: Params) -> list[Alert]:
                f"which it carried within {p.mtu_memory}: a path MTU black hole; large transfers stall while "
                "small probes pass.", p.mtu_for),
         # The RTT probe runs in unreachable_window as the culprit group records them (the increase over a
-        # thousand hosts' counters, taken once: computed here again it took 3-4 s of each evaluation).
+        # thousand hosts' counters, taken once: computed here again it took 2-4 s of each evaluation).
         Alert("PathprobePeerUnreachable",
                f"sum by ({PATH}, host, region, zone) ({RTT_OK}) == 0\nand on ({PATH})\n"
                f'sum by ({PATH}) ({RTT_RUNS}{{result!="ok"}}) > 0',
