@@ -31,7 +31,7 @@ from pathprobe.monitoring import rules
 from pathprobe_lab import demo
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-import test_culprits as fleet_test  # the 1,000-host test's fleet and faults
+import culprit_paths as fleet_test  # the 1,000-host test's fleet and faults (tests/ is not a package)
 
 PROM_PORT, FLEET_PORT = 19490, 19499
 # The first evaluations read no history (the loss window not yet filled): left out.

@@ -17,11 +17,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from pathprobe.config import Peer
 from pathprobe.limits import Expected, expected, window_share
 from pathprobe_lab.configs import exporter_config
-from pathprobe_lab.state import ROUTER, in_ns, ns, spawn
+from pathprobe_lab.state import NFT_TABLE, PREFIX, ROOT_LINK, ROUTER, State, in_ns, iptables, ns, spawn
 from pathprobe_lab.topology import Topology, address
 
 T = TypeVar("T")
 PATHPROBE = [sys.executable, "-m", "pathprobe"]
+DASHBOARDS_JSON = Path(__file__).parents[1] / "dashboards" / "json"
 
 
 def topology(text: str) -> Topology:
@@ -166,3 +167,32 @@ def measure_and_predict(topo: Topology, src: str, dst: str, streams: int, workdi
     e = expected(peer, me.instance_type, "tcp", streams, buffer_max(dst, "rmem"), rtt,
                  sender_wmem_max=buffer_max(src, "wmem"), share=window_share())  # fmt: skip
     return measured, e
+
+
+def output(*cmd: str) -> str:
+    return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
+
+
+def root_leftovers() -> list[str]:
+    """Anything of the lab's visible from the root namespace."""
+    out = [n for n in output("ip", "netns", "list").split() if n.startswith(PREFIX)]
+    if f" {ROOT_LINK}@" in output("ip", "link", "show"):
+        out.append(ROOT_LINK)
+    out += [r for r in output("ip", "route").splitlines() if "198.18." in r]
+    if NFT_TABLE in output("nft", "list", "tables"):
+        out.append("nft table")
+    if "NFQUEUE" in output(iptables(), "-S"):
+        out.append("iptables NFQUEUE rule")
+    if State.file().exists():
+        out.append("state file")
+    return out
+
+
+def dashboards() -> dict[str, dict]:
+    """The committed dashboards' JSON, by file name."""
+    return {p.name: json.loads(p.read_text()) for p in sorted(DASHBOARDS_JSON.glob("*.json"))}
+
+
+def panels(d: dict) -> list[dict]:
+    """The panels that show something (rows only group them)."""
+    return [p for p in d["panels"] if p["type"] != "row"]

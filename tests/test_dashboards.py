@@ -3,7 +3,6 @@ the conventions (the live queries run in test_demo.py against the lab's Promethe
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -13,19 +12,11 @@ import promql_parser
 import pytest
 import yaml
 
+from helpers import DASHBOARDS_JSON, dashboards, panels
+
 ROOT = Path(__file__).parents[1]
-JSON = ROOT / "dashboards" / "json"
 UIDS = {"overview.json": "pathprobe-overview", "path-detail.json": "pathprobe-path",
         "capacity.json": "pathprobe-capacity", "exporter-health.json": "pathprobe-exporter"}  # fmt: skip
-
-
-def dashboards() -> dict[str, dict]:
-    return {p.name: json.loads(p.read_text()) for p in sorted(JSON.glob("*.json"))}
-
-
-def panels(d: dict) -> list[dict]:
-    """The panels that show something (rows only group them)."""
-    return [p for p in d["panels"] if p["type"] != "row"]
 
 
 def test_regenerating_gives_the_committed_json() -> None:
@@ -183,7 +174,7 @@ def excluded(rule: str, dashboard: str, panel: str, exclusions: dict) -> bool:
 
 
 def test_the_dashboard_linters_rules_hold() -> None:
-    exclusions = yaml.safe_load((JSON / ".lint").read_text())["exclusions"]
+    exclusions = yaml.safe_load((DASHBOARDS_JSON / ".lint").read_text())["exclusions"]
     used = set()
     for name, d in dashboards().items():
         findings = lint(name, d)

@@ -16,10 +16,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from test_dashboards import dashboards, panels
-from test_lab import root_leftovers
 
-from helpers import PATHPROBE, wait_for
+from helpers import PATHPROBE, dashboards, panels, root_leftovers, wait_for
 from pathprobe import procs, promql
 from pathprobe.monitoring import rules
 from pathprobe_lab import topology

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PATHPROBE, in_host, payload_rate, topology
+from helpers import PATHPROBE, in_host, payload_rate, root_leftovers, topology
 from pathprobe import procs
 from pathprobe_lab import shaping
-from pathprobe_lab.state import NFT_TABLE, PREFIX, ROOT_LINK, ROUTER, STATE_DIR, State, in_ns, iptables, ns
+from pathprobe_lab.state import ROUTER, STATE_DIR, State, in_ns, ns
 from pathprobe_lab.topology import address
 
 pytestmark = pytest.mark.lab
@@ -40,25 +40,6 @@ def lab(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     if check:
         assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
-
-
-def output(*cmd: str) -> str:
-    return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
-
-
-def root_leftovers() -> list[str]:
-    """Anything of the lab's visible from the root namespace."""
-    out = [n for n in output("ip", "netns", "list").split() if n.startswith(PREFIX)]
-    if f" {ROOT_LINK}@" in output("ip", "link", "show"):
-        out.append(ROOT_LINK)
-    out += [r for r in output("ip", "route").splitlines() if "198.18." in r]
-    if NFT_TABLE in output("nft", "list", "tables"):
-        out.append("nft table")
-    if "NFQUEUE" in output(iptables(), "-S"):
-        out.append("iptables NFQUEUE rule")
-    if State.file().exists():
-        out.append("state file")
-    return out
 
 
 @pytest.fixture

@@ -1,6 +1,5 @@
 """The daily byte budget survives restarts and rolls over at UTC midnight."""
 
-import builtins
 import errno
 import json
 import os
@@ -10,12 +9,12 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import pytest
 import yaml
-from loopback_mesh import unused_port
-from test_reload import wait_for
+from loopback_mesh import unused_port, wait_for
+from permissions import unreadable
 
 from pathprobe import budget
 from pathprobe.budget import Budget
@@ -106,9 +105,7 @@ def test_a_state_file_that_cannot_be_read_counts_the_day_as_spent(
         state.mkdir()
     else:
         state.write_text('{"period": "2024-10-04", "used_bytes": 1}')
-        state.chmod(0)
-        if os.geteuid() == 0:  # root reads any file: the permission error it would get, at open()
-            deny_open(monkeypatch, state)
+        unreadable(monkeypatch, state)
     b = Budget(1000, state, clock=lambda: NOON)
     assert b.remaining() == 0 and b.load_error is not None
 
@@ -187,18 +184,6 @@ def test_state_file_is_written_whole(tmp_path: Path) -> None:
 
 def _raise(exc: BaseException) -> NoReturn:
     raise exc
-
-
-def deny_open(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
-    """open() of `path` fails as it does for a user without permission (root is never refused)."""
-    real = builtins.open
-
-    def guarded(file: Any, *args: Any, **kwargs: Any) -> Any:
-        if Path(file) == path:
-            raise PermissionError(13, "Permission denied", str(file))
-        return real(file, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "open", guarded)
 
 
 def test_a_real_exporter_exports_what_the_budget_alerts_read(tmp_path: Path) -> None:

@@ -12,8 +12,7 @@ from itertools import combinations
 from pathlib import Path
 
 import pytest
-from loopback_mesh import Samples, api, config, count, exporter, member, prometheus, until, unused_port
-from test_reload import wait_for
+from loopback_mesh import Samples, api, config, count, exporter, member, prometheus, until, unused_port, wait_for
 
 from pathprobe.monitoring import rules
 from pathprobe.monitoring.params import Params

@@ -1,6 +1,5 @@
 """Config validation: every error names file:line and the field path."""
 
-import os
 import subprocess
 import sys
 import time
@@ -8,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_budget import deny_open
+from permissions import unreadable
 
 from pathprobe import config, yamlfile
 from pathprobe.yamlfile import ConfigError
@@ -292,9 +291,7 @@ def test_a_directory_and_a_huge_file(tmp_path: Path) -> None:
 
 def test_an_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write(tmp_path, MINIMAL)
-    path.chmod(0)
-    if os.geteuid() == 0:  # root reads any file: the permission error it would get, at open()
-        deny_open(monkeypatch, path)
+    unreadable(monkeypatch, path)
     with pytest.raises(ConfigError, match="cannot read: Permission denied"):
         config.load(path)
 

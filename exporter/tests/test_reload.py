@@ -2,7 +2,6 @@
 takes effect, a bad one is refused with its file:line and counted, and the exporter keeps
 running on the old one."""
 
-import http.client
 import signal
 import subprocess
 import sys
@@ -12,50 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from loopback_mesh import unused_port
-from prometheus_client.parser import text_string_to_metric_families
-
-
-def request(port: int, method: str, path: str) -> tuple[int, str]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request(method, path)
-        resp = conn.getresponse()
-        return resp.status, resp.read().decode()
-    finally:
-        conn.close()
-
-
-def samples(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    status, text = request(port, "GET", "/metrics")
-    assert status == 200
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def peers_shown(got: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> set[str]:
-    return {dict(labels)["peer"] for name, labels in got if name == "pathprobe_peer_info"}
-
-
-def wait_for(port: int, what: str, check: object, seconds: float = 20, show: tuple[str, ...] = ()) -> dict:
-    """Scrape until `check(samples)` holds (/metrics is a snapshot refreshed in the background);
-    on a timeout, the last scrape's samples of the families `show` say what it read instead."""
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            got = samples(port)
-            if check(got):  # type: ignore[operator]
-                return got
-        except (ConnectionError, OSError):
-            got = {}
-        if time.monotonic() > deadline:
-            shown = sorted((n, sorted(ls), v) for (n, ls), v in got.items() if n in show)
-            read = shown if show else sorted(n for n, _ in got)[:20]
-            raise AssertionError(f"not within {seconds} s: {what}; last scrape: {read}")
-        time.sleep(0.2)
+from loopback_mesh import peers_shown, request, samples, unused_port, wait_for
 
 
 class Exporter:

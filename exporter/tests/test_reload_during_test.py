@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from loopback_mesh import unused_port
-from test_reload import peers_shown, request, samples, wait_for
+from loopback_mesh import peers_shown, request, samples, unused_port, wait_for
 
 SLOT = 20.0  # one UDP test of 8 s and its margin in each half
 TEST_SECONDS = 8.0

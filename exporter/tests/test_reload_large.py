@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from loopback_mesh import unused_port
-from test_reload import samples, wait_for
+from loopback_mesh import samples, unused_port, wait_for
 
 MEMBERS = 10_000
 REGIONS = 20

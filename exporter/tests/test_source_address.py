@@ -5,8 +5,7 @@ each admits only the other. Every probe and test of h0 must reach h1's responder
 
 from pathlib import Path
 
-from loopback_mesh import SLOT, Samples, config, count, exporter, member, unused_port
-from test_reload import wait_for
+from loopback_mesh import SLOT, Samples, config, count, exporter, member, unused_port, wait_for
 
 
 def test_a_host_known_by_a_second_address_is_admitted_by_its_peer(tmp_path: Path) -> None:
