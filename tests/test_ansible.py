@@ -46,6 +46,15 @@ def run(cmd: list[str], timeout: float = 600, **kw: object) -> subprocess.Comple
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, cwd=ANSIBLE, **kw)  # type: ignore[call-overload, no-any-return]
 
 
+def playbook(inventory: Path, *args: str, home: Path, timeout: float = 600,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """ansible-playbook over `inventory` with `args` (plays, options) from ansible/, as the tests' one
+    controller: the venv's Ansible on PATH, the repository's ansible.cfg, `home` as HOME, and `env` beside."""
+    base = {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
+            "ANSIBLE_NOCOLOR": "1", "HOME": str(home)}  # fmt: skip
+    return run([str(BIN / "ansible-playbook"), "-i", str(inventory), *args], timeout=timeout, env=base | (env or {}))
+
+
 def test_ansible_lint_production_profile() -> None:
     proc = run([str(BIN / "ansible-lint"), "--profile", "production", "--nocolor", "--format=pep8"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -81,10 +90,7 @@ def local_play(tmp_path: Path, inventory: dict, play: list[dict], extra: dict) -
     """ansible-playbook of `play` over `inventory` (written in tmp_path) with `extra` vars."""
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
-    return run([str(BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml"),
-                "-e", json.dumps(extra)],
-               env={"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
-                    "ANSIBLE_NOCOLOR": "1", "HOME": str(tmp_path)})  # fmt: skip
+    return playbook(tmp_path / "hosts.yml", str(tmp_path / "play.yml"), "-e", json.dumps(extra), home=tmp_path)
 
 
 def render_role_config(tmp_path: Path, extra: dict) -> tuple[subprocess.CompletedProcess[str], Path]:
@@ -249,14 +255,12 @@ def test_preflight_refuses_a_host_without_systemd(tmp_path: Path) -> None:
                                                                           "tasks_from": "preflight"}}]}]  # fmt: skip
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
-    env = {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
-           "ANSIBLE_NOCOLOR": "1", "HOME": str(tmp_path)}  # fmt: skip
-    proc = run([str(BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml")], env=env)
+    proc = playbook(tmp_path / "hosts.yml", str(tmp_path / "play.yml"), home=tmp_path)
     assert proc.returncode != 0, proc.stdout[-3000:]
     assert "pathprobe_service_manage is true but this host's service manager is" in proc.stdout, proc.stdout[-3000:]
     # Opting out is what the message says: the same preflight then passes.
-    proc = run([str(BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml"),
-                "-e", '{"pathprobe_service_manage": false}'], env=env)  # fmt: skip
+    proc = playbook(tmp_path / "hosts.yml", str(tmp_path / "play.yml"), "-e", '{"pathprobe_service_manage": false}',
+                    home=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:]
 
 
@@ -567,14 +571,11 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
             # iperf3 3.12 and 3.18: their authentication needs the old padding.
             padding = {"pathprobe_iperf3_legacy_rsa_padding": True}
             hosts_file = inventory(work, hosts, probes, web, padding | (extra or {}))
-            cmd = [str(BIN / "ansible-playbook"), "-i", str(hosts_file), "playbooks/site.yml",
-                   "playbooks/monitoring.yml", "-e", f"monitoring_file_sd_path={file_sd}",
-                   "-e", '{"monitoring_install_rules": false}',
-                   "-e", f"monitoring_scrape_password_file={work / 'prometheus-password'}",
-                   "-e", f"monitoring_scrape_ca_file={work / 'prometheus-ca.pem'}"]  # fmt: skip
-            env = {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
-                   "ANSIBLE_NOCOLOR": "1", "HOME": str(work)}  # fmt: skip
-            return run(cmd, timeout=1200, env=env)
+            return playbook(hosts_file, "playbooks/site.yml", "playbooks/monitoring.yml",
+                            "-e", f"monitoring_file_sd_path={file_sd}", "-e", '{"monitoring_install_rules": false}',
+                            "-e", f"monitoring_scrape_password_file={work / 'prometheus-password'}",
+                            "-e", f"monitoring_scrape_ca_file={work / 'prometheus-ca.pem'}",
+                            home=work, timeout=1200)  # fmt: skip
 
         # Without that, the play stops before the exporter is installed anywhere.
         mixed = play(PROBES, {"pathprobe_iperf3_legacy_rsa_padding": False})
@@ -826,11 +827,8 @@ def test_the_monitoring_play_renders_the_rules_with_the_fleets_parameters(tmp_pa
                  "monitoring_file_sd_path": str(tmp_path / "file_sd" / "pathprobe.json"),
                  "monitoring_rules_dir": str(tmp_path / "rules"),
                  "monitoring_alertmanager_config": str(tmp_path / "alertmanager.yml")}  # fmt: skip
-        return run([str(BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"), "playbooks/monitoring.yml",
-                    "-e", json.dumps(extra)],
-                   env={"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_NOCOLOR": "1",
-                        "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"), "HOME": str(tmp_path),
-                        "TMPDIR": str(scratch)})  # fmt: skip
+        return playbook(tmp_path / "hosts.yml", "playbooks/monitoring.yml", "-e", json.dumps(extra), home=tmp_path,
+                        env={"TMPDIR": str(scratch)})  # fmt: skip
 
     proc = play({"selector": 'job="netprobe"', "loss_ratio_warning": 0.02})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -875,10 +873,7 @@ def test_the_monitoring_play_writes_a_regional_and_a_global_prometheus(tmp_path:
                                                               "scraper": "pw"}}  # fmt: skip
         for name in ("client.pem", "client-key.pem"):  # promtool checks that they exist
             (work / name).write_text("PEM")
-        proc = run([str(BIN / "ansible-playbook"), "-i", str(work / "hosts.yml"), "playbooks/monitoring.yml",
-                    "-e", json.dumps(settings)],
-                   env={"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_NOCOLOR": "1",
-                        "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"), "HOME": str(work)})  # fmt: skip
+        proc = playbook(work / "hosts.yml", "playbooks/monitoring.yml", "-e", json.dumps(settings), home=work)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
         written = yaml.safe_load((work / "prometheus.yml").read_text())
         assert written["global"]["external_labels"] == {"prometheus": layout}
