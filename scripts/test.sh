@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up (scripts/setup.sh) and runs every check: lint, types, unit tests,
 # then integration tests against real namespaces, iperf3, Prometheus and Alertmanager.
-#   --quick: lint, types, the unit and render tests, two at a time (no lab, no root, nothing slow: minutes).
+#   --quick: lint, types, the unit and render tests, two at a time (no lab, no root, nothing slow or heavy: minutes).
 # Further arguments (after --quick, if any) name the tests to run, as pytest takes them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +23,7 @@ fi
 (cd dashboards && ../.venv/bin/mypy --strict --ignore-missing-imports generate.py pathprobe_dashboards)
 if $quick; then
   if [ $# -eq 0 ]; then set -- exporter/tests tests; fi
-  .venv/bin/pytest -q -m "not lab and not slow" -n 2 --durations=15 "$@"
+  .venv/bin/pytest -q -m "not lab and not slow and not heavy" -n 2 --durations=15 "$@"
 elif [ $# -gt 0 ]; then  # the tests named
   .venv/bin/pytest -v "$@"
 else

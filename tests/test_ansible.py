@@ -303,6 +303,7 @@ def wheels_play(
                        **extra})  # fmt: skip
 
 
+@pytest.mark.heavy
 def test_each_host_gets_a_wheelhouse_of_its_architecture_and_python_that_installs(tmp_path: Path) -> None:
     hosts = {f"py{m.replace('.', '')}": {"pathprobe_python": pyenv_python(m), "pathprobe_install_dir": str(
         tmp_path / f"opt-py{m}")} for m in ("3.11", "3.12", "3.13")}  # fmt: skip

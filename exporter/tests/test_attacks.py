@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.heavy
+
 BENCH = Path(__file__).parents[2] / "bench" / "attacks.py"
 
 

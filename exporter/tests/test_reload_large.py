@@ -14,6 +14,8 @@ import pytest
 import yaml
 from loopback_mesh import samples, unused_port, wait_for
 
+pytestmark = pytest.mark.heavy
+
 MEMBERS = 10_000
 REGIONS = 20
 
