@@ -107,6 +107,7 @@ def until(what: str, check: Callable[[], Any], seconds: float = 30) -> Any:
 
 
 def request(port: int, method: str, path: str) -> tuple[int, str]:
+    """(status, body) of one HTTP request to an exporter's web port on 127.0.0.1."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
         conn.request(method, path)
@@ -117,6 +118,7 @@ def request(port: int, method: str, path: str) -> tuple[int, str]:
 
 
 def samples(port: int) -> Samples:
+    """Every sample of one scrape of an exporter's /metrics, by name and label set."""
     status, text = request(port, "GET", "/metrics")
     assert status == 200
     return {
@@ -127,6 +129,7 @@ def samples(port: int) -> Samples:
 
 
 def peers_shown(got: Samples) -> set[str]:
+    """The peers a scrape shows (their pathprobe_peer_info)."""
     return {dict(labels)["peer"] for name, labels in got if name == "pathprobe_peer_info"}
 
 
