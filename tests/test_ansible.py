@@ -253,14 +253,11 @@ def test_preflight_refuses_a_host_without_systemd(tmp_path: Path) -> None:
     play = [{"name": "Preflight", "hosts": "a", "tasks": [
         {"name": "The role's preflight", "ansible.builtin.include_role": {"name": "pathprobe",
                                                                           "tasks_from": "preflight"}}]}]  # fmt: skip
-    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
-    proc = playbook(tmp_path / "hosts.yml", str(tmp_path / "play.yml"), home=tmp_path)
+    proc = local_play(tmp_path, inventory, play, {})
     assert proc.returncode != 0, proc.stdout[-3000:]
     assert "pathprobe_service_manage is true but this host's service manager is" in proc.stdout, proc.stdout[-3000:]
     # Opting out is what the message says: the same preflight then passes.
-    proc = playbook(tmp_path / "hosts.yml", str(tmp_path / "play.yml"), "-e", '{"pathprobe_service_manage": false}',
-                    home=tmp_path)  # fmt: skip
+    proc = local_play(tmp_path, inventory, play, {"pathprobe_service_manage": False})
     assert proc.returncode == 0, proc.stdout[-3000:]
 
 
