@@ -2,13 +2,13 @@
 
 import asyncio
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from virtual_time import VirtualTime
 
 from pathprobe import metrics, turns
 from pathprobe.config import Config
@@ -191,16 +191,17 @@ def test_the_throughput_loop_survives_unexpected_errors(tmp_path: Path) -> None:
         schedule={"slot_seconds": 4, "jitter_seconds": 0, "timeout_margin_seconds": 1},
         probes={"throughput": {"streams": [1], "duration_seconds": 0.5, "omit_seconds": 0}},
     )
-    e = Exporter(cfg)
+    virtual = VirtualTime()
+    e = Exporter(cfg, clock=virtual.time, sleep=virtual.sleep)
     prober = FailingProber()
     e.turns.make_prober = StandIn(prober)
 
     async def scenario() -> None:
         stop = asyncio.Event()
         task = asyncio.create_task(e.turns.run(stop))
-        async with asyncio.timeout(20):
+        async with asyncio.timeout(20):  # against a hang: in virtual time this takes a moment
             while prober.calls < 2:  # the second call comes from a turn after the first error
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0)
         stop.set()
         task.cancel()
 
@@ -215,12 +216,14 @@ def test_a_stepped_clock_costs_at_most_a_few_seconds_of_turns(tmp_path: Path, st
     # time (not after an hour's wait); back 1.5 s: the turn just taken is not taken again.
     cfg = config(tmp_path, schedule={"slot_seconds": 4, "jitter_seconds": 0, "timeout_margin_seconds": 1},
                  probes={"throughput": {"streams": [1], "duration_seconds": 0.2, "omit_seconds": 0}})  # fmt: skip
-    offset = [0.0]
-    e = Exporter(cfg, clock=lambda: time.time() + offset[0])
+    virtual, offset = VirtualTime(), [0.0]
+    e = Exporter(cfg, clock=lambda: virtual.time() + offset[0], sleep=virtual.sleep)
     slots: list[int] = []
+    taken_at: list[float] = []  # when each test ran, by the unstepped clock
 
     def recording(test: ThroughputTest) -> ThroughputResult:
         slots.append(int(e.turns.clock() // 4))
+        taken_at.append(virtual.time())
         if len(slots) == 1:
             offset[0] += step  # while the test runs
         return result()
@@ -230,17 +233,18 @@ def test_a_stepped_clock_costs_at_most_a_few_seconds_of_turns(tmp_path: Path, st
     async def scenario() -> None:
         stop = asyncio.Event()
         task = asyncio.create_task(e.turns.run(stop))
-        async with asyncio.timeout(30):
-            # 3 hosts: a has a turn in 2 of every 3 slots of 4 s; the clock is read every 5 s.
+        async with asyncio.timeout(20):  # against a hang: in virtual time this takes a moment
             while len(slots) < 2:
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0)
         stop.set()
         task.cancel()
 
-    started = time.monotonic()
     asyncio.run(scenario())
-    assert time.monotonic() - started < 25
     assert slots[1] != slots[0]  # never the same turn twice
+    # 3 hosts: a has a turn in 2 of every 3 slots of 4 s, so from wherever the schedule is taken
+    # again its next turn starts within 2 slots; a clock stepped back 1.5 s first waits those out
+    # (the turn just taken ends). Not the hour a wait for the stepped time would cost.
+    assert taken_at[1] - taken_at[0] <= 2 * 4 + 1.5
 
 
 def test_quantiles_cover_a_sliding_window_and_keep_loaded_samples_apart(tmp_path: Path) -> None:

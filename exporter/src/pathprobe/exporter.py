@@ -10,7 +10,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -104,7 +104,10 @@ def epoch_too_far_ahead(cfg: Config, now: float) -> str | None:
 
 
 class Exporter:
-    def __init__(self, cfg: Config, clock: Callable[[], float] = time.time):
+    def __init__(self, cfg: Config, clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):  # fmt: skip
+        """`clock` and `sleep` are the wall clock and the wait the schedule keeps its turns by: a test
+        may pass a virtual pair (time that moves only when the schedule waits)."""
         self.clock = clock
         self.budget = Budget(cfg.budget.daily_bytes, cfg.budget.state_file, clock)
         self.timetable = Timetable(schedule_view(cfg), epoch_of(cfg))
@@ -114,7 +117,7 @@ class Exporter:
         self.rooms = Rooms(cfg, self.timetable, self.budget, load_state, self.clock_bound, clock)
         self._configure(cfg, ExpectedTracker(cfg, self.rooms.throughput))
         self.turns = ThroughputTurns(Plan(cfg, self.timetable, self.tracker), self.rooms.throughput, self.rooms.host,
-                                     self.budget, clock)  # fmt: skip
+                                     self.budget, clock, sleep)  # fmt: skip
         self.allowed = AllowList.of(cfg)  # the responders hold this object: a reload updates it in place
         self.interface = ena.interface(cfg.host.interface)
         if cfg.host.probe_source is None:

@@ -8,7 +8,7 @@ import collections
 import contextlib
 import logging
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import NamedTuple
 
 from . import ena
@@ -56,9 +56,11 @@ class TestSink:
 
 
 class ThroughputTurns:
-    def __init__(self, plan: Plan, results: ThroughputRoom, host: HostRoom, budget: Budget,
-                 clock: Callable[[], float]):  # fmt: skip
-        self.results, self.host, self.budget, self.clock = results, host, budget, clock
+    def __init__(  # noqa: PLR0913, PLR0917 - the plan, the rooms and budget it writes to, the clock and its wait
+        self, plan: Plan, results: ThroughputRoom, host: HostRoom, budget: Budget,
+        clock: Callable[[], float], sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ):  # fmt: skip
+        self.results, self.host, self.budget, self.clock, self.sleep = results, host, budget, clock, sleep
         self._take(plan)
         self._next: Plan | None = None
         self._last_bytes: dict[tuple[str, TestSpec], int] = {}
@@ -132,7 +134,7 @@ class ThroughputTurns:
         schedule from the new time instead of waiting out the step; so does a reload."""
         left = when - self.clock()
         while left > 0:
-            await asyncio.sleep(min(left, CLOCK_CHECK_SECONDS))
+            await self.sleep(min(left, CLOCK_CHECK_SECONDS))
             if self._next is not None:  # a reload: plan again with the new timetable
                 return False
             now_left = when - self.clock()
@@ -172,7 +174,7 @@ class ThroughputTurns:
                 outcome = await self.make_prober(target, test, TestSink(self.results, key)).run()
                 outcome_of[0] = "ran" if isinstance(outcome, ThroughputResult) else str(outcome)
             if outcome == "busy":
-                await asyncio.sleep(random.uniform(1, 3))
+                await self.sleep(random.uniform(1, 3))
                 continue
             if isinstance(outcome, ThroughputResult):
                 await self._after(peer, key, outcome, before)
@@ -181,7 +183,7 @@ class ThroughputTurns:
     async def _served(self, until: float) -> bool:
         """Wait until no peer's test runs on this host's server, or until `until`: whether it ended."""
         while self.host.iperf3_serving and self.clock() < until:
-            await asyncio.sleep(SERVED_POLL_SECONDS)
+            await self.sleep(SERVED_POLL_SECONDS)
         return not self.host.iperf3_serving
 
     async def _after(self, peer: Peer, key: TestKey, result: ThroughputResult, before: dict[str, int] | None) -> None:
