@@ -136,19 +136,19 @@ def peers_shown(got: Samples) -> set[str]:
 def wait_for(port: int, what: str, check: object, seconds: float = 20, show: tuple[str, ...] = ()) -> dict:
     """Scrape until `check(samples)` holds (/metrics is a snapshot refreshed in the background);
     on a timeout, the last scrape's samples of the families `show` say what it read instead."""
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            got = samples(port)
-            if check(got):  # type: ignore[operator]
-                return got
-        except (ConnectionError, OSError):
-            got = {}
-        if time.monotonic() > deadline:
-            shown = sorted((n, sorted(ls), v) for (n, ls), v in got.items() if n in show)
-            read = shown if show else sorted(n for n, _ in got)[:20]
-            raise AssertionError(f"not within {seconds} s: {what}; last scrape: {read}")
-        time.sleep(0.2)
+    last: dict = {}  # the last scrape's samples (none after a failed one)
+
+    def scraped() -> dict | None:
+        last.clear()
+        last.update(samples(port))
+        return dict(last) if check(last) else None  # type: ignore[operator]
+
+    try:
+        return until(what, scraped, seconds)
+    except AssertionError:
+        shown = sorted((n, sorted(ls), v) for (n, ls), v in last.items() if n in show)
+        read = shown if show else sorted(n for n, _ in last)[:20]
+        raise AssertionError(f"not within {seconds} s: {what}; last scrape: {read}") from None
 
 
 @contextmanager
