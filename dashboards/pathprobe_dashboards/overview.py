@@ -21,7 +21,10 @@ def build(p: Params) -> Dashboard:
         "min by (region, peer_region) "
         '(region_pair:pathprobe_throughput_expected_ratio:min{streams="1", direction="send"})'
     )
-    rtt = 'region_pair:pathprobe_rtt_seconds:max_p50_5m{protocol="tcp"}'
+    w = p.rtt_exporter_window
+    rtt = f'region_pair:pathprobe_rtt_seconds:max_p50_{w}{{protocol="tcp"}}'
+    tail = f'region_pair:pathprobe_rtt_seconds:max_p99_{w}{{protocol="tcp"}}'
+    tested = "time() - region_pair:pathprobe_throughput_last_test_timestamp_seconds:max"
     loss = "region_pair:pathprobe_udp_loss_ratio:max_rate5m"
     return (
         dashboard(p, "pathprobe-overview", "pathprobe / Overview",
@@ -40,6 +43,17 @@ def build(p: Params) -> Dashboard:
             "Worst path between each pair of regions: the exact median RTT of TCP request/response over the last "
             "5 minutes, idle samples only (as the probe measured it, within 0.2%).",
             "s", rtt, steps((None, "green"), (0.1, "yellow"), (0.2, "red")), 4))
+        .with_panel(grid(
+            "RTT p99 (TCP request/response)",
+            f"Worst path between each pair of regions: the 99th percentile of TCP request/response RTT over the "
+            f"last {w}, idle samples only. Far above the p50 beside it: queueing or retransmits on an idle path.",
+            "s", tail, steps((None, "green"), (0.1, "yellow"), (0.2, "red")), 4))
+        .with_panel(grid(
+            "Since the last throughput test",
+            "Per pair of regions: the time since the most recent throughput test between them (any path, any "
+            "test). It grows past the schedule's rotation (docs/fleet.md) when the pair's tests stop; per path, "
+            f"PathprobeThroughputResultsStale fires at {p.stale_rotations:g} rotations.",
+            "s", tested, steps((None, "transparent")), 0))
         .with_panel(grid(
             "UDP echo loss",
             "Worst path between each pair of regions: share of low-rate UDP echo packets lost over 5 minutes.",
