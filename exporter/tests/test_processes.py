@@ -141,7 +141,9 @@ def test_a_stopped_iperf3_server_is_reported_down_then_restarted(
         task = asyncio.create_task(iperf3.supervise(command, states.append, lambda: restarts.append(1)))
         try:
             async with asyncio.timeout(30):
-                while not pidfile.exists() or not pidfile.read_text().strip("\0\n"):
+                # Up, as the supervisor reports it (iperf3 writes its pid file before the supervisor's
+                # next look: a stop before that look would make its first report a down one).
+                while not (states and states[-1]) or not pidfile.exists() or not pidfile.read_text().strip("\0\n"):
                     await asyncio.sleep(0.05)
                 first = int(pidfile.read_text().strip("\0\n"))
                 os.kill(first, signal.SIGSTOP)
