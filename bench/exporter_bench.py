@@ -1,8 +1,9 @@
 """Exporter benchmark: scrape latency with 500 peers' worth of results, and the
-exporter's CPU and memory idle and while probing 50 peers with the continuous probes' defaults.
+exporter's CPU and memory idle and while probing 50 peers with the continuous probes' defaults,
+answered on loopback and answered 20 ms late (a relay in a process of its own), as on a path.
 
-Run: .venv/bin/python bench/exporter_bench.py   (loopback only; about 2.5 minutes)
-     .venv/bin/python bench/exporter_bench.py --cost   (the CPU and memory rows only; about 2.5 minutes)
+Run: .venv/bin/python bench/exporter_bench.py   (loopback only; about 3.5 minutes)
+     .venv/bin/python bench/exporter_bench.py --cost   (the CPU and memory rows only; about 3.5 minutes)
      .venv/bin/python bench/exporter_bench.py --profile   (those, the full load under cProfile, its top functions)
      .venv/bin/python bench/exporter_bench.py --idle   (the idle-connection rows only; about 2 minutes)
      .venv/bin/python bench/exporter_bench.py --reload   (the large-reload rows only; about 1 minute)
@@ -48,10 +49,18 @@ PATHPROBE = [sys.executable, "-m", "pathprobe"]
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def mesh(n: int, **probes: object) -> dict:
+# Where responders() answers every peer, and where delayed_answers() relays to it.
+RESPONDER_PORT, DELAYED_PORT = 19470, 19471
+
+
+def peer_address(i: int) -> str:
+    return f"127.0.{1 + i // 250}.{1 + i % 250}"
+
+
+def mesh(n: int, port: int = RESPONDER_PORT, **probes: object) -> dict:
     peers = [
-        {"name": f"peer-{i:03d}", "address": f"127.0.{1 + i // 250}.{1 + i % 250}", "region": f"region-{i % 12}",
-         "path_class": "inter_region", "rr_port": 19470, "echo_port": 19470}
+        {"name": f"peer-{i:03d}", "address": peer_address(i), "region": f"region-{i % 12}",
+         "path_class": "inter_region", "rr_port": port, "echo_port": port}
         for i in range(n)
     ]  # fmt: skip
     return {
@@ -115,13 +124,15 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def exporter_cost(peers: int, probes: dict, seconds: float = 30, profile: Path | None = None) -> tuple[float, float]:
+def exporter_cost(
+    peers: int, probes: dict, seconds: float = 30, profile: Path | None = None, port: int = RESPONDER_PORT
+) -> tuple[float, float]:
     """(share of one core, RSS MB) of a real `pathprobe run`, scraped every SCRAPE_INTERVAL and
-    measured over `seconds`; with `profile`, run under cProfile, which writes its statistics
-    there as the exporter stops."""
+    measured over `seconds`, its probes sent to `port`; with `profile`, run under cProfile, which
+    writes its statistics there as the exporter stops."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg_file = Path(tmp) / "bench.yaml"
-        cfg_file.write_text(yaml.safe_dump(mesh(peers, **probes)))
+        cfg_file.write_text(yaml.safe_dump(mesh(peers, port, **probes)))
         python = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "pathprobe"] if profile else PATHPROBE
         proc = subprocess.Popen(
             [*python, "run", "--config", str(cfg_file)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -377,7 +388,8 @@ def responders() -> Iterator[None]:
     """One `pathprobe serve` answering every peer of mesh(): it listens on every address, so that
     it answers all of 127.0.x.y (loopback only)."""
     proc = subprocess.Popen([*PATHPROBE, "serve", "--listen", "0.0.0.0", "--allow", "127.0.0.0/8",
-                             "--rr-port", "19470", "--echo-port", "19470", "--iperf3-port", "15201",
+                             "--rr-port", str(RESPONDER_PORT), "--echo-port", str(RESPONDER_PORT),
+                             "--iperf3-port", "15201",
                              # every prober connects from 127.0.0.1 here, 8 flows each
                              "--rr-max-connections-per-source", "1000"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
@@ -387,6 +399,93 @@ def responders() -> Iterator[None]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+# How late delayed_answers() makes every answer. On loopback an answer is back within about 0.1 ms,
+# before the exporter's event loop sleeps again, so it costs no wake-up of its own; on a real path
+# (1-150 ms) each answer wakes the loop.
+ANSWER_DELAY_SECONDS = 0.020
+
+
+@contextlib.contextmanager
+def delayed_answers(peers: int) -> Iterator[None]:
+    """A relay in a process of its own (its CPU is not the exporter's): every peer address of
+    mesh(peers) on DELAYED_PORT, UDP and TCP, relayed to responders() with each datagram and
+    chunk toward it held ANSWER_DELAY_SECONDS; answers come back at once."""
+    ready, stop = multiprocessing.Event(), multiprocessing.Event()
+    relay = multiprocessing.Process(target=relay_process, args=([peer_address(i) for i in range(peers)], ready, stop))
+    relay.start()
+    try:
+        assert ready.wait(10), "the relay did not start"
+        yield
+    finally:
+        stop.set()
+        relay.join(timeout=10)
+
+
+def relay_process(addresses: list[str], ready: multiprocessing.synchronize.Event,
+                  stop: multiprocessing.synchronize.Event) -> None:  # fmt: skip
+    asyncio.run(relay(addresses, ready, stop))
+
+
+async def relay(addresses: list[str], ready: multiprocessing.synchronize.Event,
+                stop: multiprocessing.synchronize.Event) -> None:  # fmt: skip
+    loop = asyncio.get_running_loop()
+
+    class Datagrams(asyncio.DatagramProtocol):
+        """One peer address's UDP: a socket toward the responder per client (the echo's flows)."""
+
+        def __init__(self, address: str) -> None:
+            self.address = address
+            self.upstream: dict[tuple[str, int], socket.socket] = {}
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = transport  # type: ignore[assignment]
+
+        def datagram_received(self, data: bytes, client: tuple[str, int]) -> None:
+            up = self.upstream.get(client)
+            if up is None:
+                up = self.upstream[client] = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                up.setblocking(False)
+                up.connect((self.address, RESPONDER_PORT))
+                loop.add_reader(up, self.answer, up, client)
+            loop.call_later(ANSWER_DELAY_SECONDS, self.forward, up, data)
+
+        @staticmethod
+        def forward(up: socket.socket, data: bytes) -> None:
+            with contextlib.suppress(OSError):
+                up.send(data)
+
+        def answer(self, up: socket.socket, client: tuple[str, int]) -> None:
+            with contextlib.suppress(OSError):  # BlockingIOError: read it all; a refusal: nothing to relay
+                while True:
+                    self.transport.sendto(up.recv(65536), client)  # type: ignore[attr-defined]
+
+    async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One TCP connection (an RTT probe's flow), relayed to the responder on the address it came to."""
+        up_reader, up_writer = await asyncio.open_connection(writer.get_extra_info("sockname")[0], RESPONDER_PORT)
+
+        async def toward() -> None:
+            while data := await reader.read(65536):
+                loop.call_later(ANSWER_DELAY_SECONDS, up_writer.write, data)
+
+        async def back() -> None:
+            while data := await up_reader.read(65536):
+                writer.write(data)
+
+        with contextlib.suppress(OSError):
+            await asyncio.wait([asyncio.create_task(toward()), asyncio.create_task(back())],
+                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        up_writer.close()
+        writer.close()
+
+    server = await asyncio.start_server(stream, "0.0.0.0", DELAYED_PORT, backlog=1024)
+    for address in addresses:
+        await loop.create_datagram_endpoint(lambda a=address: Datagrams(a), local_addr=(address, DELAYED_PORT))
+    ready.set()
+    while not stop.is_set():
+        await asyncio.sleep(0.2)
+    server.close()
 
 
 # The continuous probes at their defaults (config.py), nothing else.
@@ -401,6 +500,8 @@ def cost_rows(profile: Path | None = None) -> list[tuple[str, str, str]]:
     idle_cpu, idle_rss = exporter_cost(50, OFF, seconds=15)
     rtt_cpu, rtt_rss = exporter_cost(50, {**BUSY, "loss": {"enabled": False}})
     all_cpu, all_rss = exporter_cost(50, BUSY, profile=profile)
+    with delayed_answers(50):
+        delayed_cpu, _ = exporter_cost(50, BUSY, port=DELAYED_PORT)
     probes = Config.model_validate(mesh(1)).probes
     rtt_per_second, echo_per_second = 50 / probes.rtt.interval_seconds, 50 * probes.loss.rate_pps
     return [
@@ -409,6 +510,8 @@ def cost_rows(profile: Path | None = None) -> list[tuple[str, str, str]]:
         (f"CPU, 50 peers x {rtt_per_second / 50:g} RTT/s (%)", f"{rtt_cpu * 100:.2f}", ""),
         (f"CPU, 50 peers x ({rtt_per_second / 50:g} RTT/s + {echo_per_second / 50:g} echo/s) (%)",
          f"{all_cpu * 100:.2f}", "< 3"),
+        (f"  the same, answers {ANSWER_DELAY_SECONDS * 1e3:g} ms late as on a path (%)", f"{delayed_cpu * 100:.2f}",
+         "< 3"),
         ("  CPU per RTT exchange / per echo (us)",
          f"{(rtt_cpu - idle_cpu) / rtt_per_second * 1e6:.0f} / {(all_cpu - rtt_cpu) / echo_per_second * 1e6:.0f}", ""),
         ("RSS, 50 peers probing (MB)", f"{max(rtt_rss, all_rss):.1f}", ""),
