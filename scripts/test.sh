@@ -29,7 +29,7 @@ elif [ $# -gt 0 ]; then  # the tests named
 else
   # Phase 1: the unit and render tests, two at a time at the lowest CPU priority, beside the rollout
   # chaos module: ten minutes of a lab taking changes when the schedule's slots allow, which leaves
-  # most of the CPU idle (in the last runs here the unit tests took 7.5 minutes beside it, and it took
+  # most of the CPU idle (in the last runs here the unit tests took 6.7-7.5 minutes beside it, and it took
   # 11.3-11.5 minutes with them or without). The slow test does not fit in what is left: it keeps more
   # than a core busy, and beside the chaos module it named its culprits only after 115 s of its 180 s
   # wait (68 s alone). Its output follows theirs once both have ended.

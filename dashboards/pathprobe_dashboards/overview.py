@@ -41,7 +41,7 @@ def build(p: Params) -> Dashboard:
         .with_panel(grid(
             "RTT p50 (TCP request/response)",
             "Worst path between each pair of regions: the exact median RTT of TCP request/response over the last "
-            "5 minutes, idle samples only (as the probe measured it, within 0.2%).",
+            f"{w}, idle samples only (as the probe measured it, within 0.2%).",
             "s", rtt, steps((None, "green"), (0.1, "yellow"), (0.2, "red")), 4))
         .with_panel(grid(
             "RTT p99 (TCP request/response)",
