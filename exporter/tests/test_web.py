@@ -140,12 +140,16 @@ def test_a_steady_scraper_gets_a_render_per_scrape_read_fresh() -> None:
     """Scrapes every 0.3 s against a refresh of 0.05 s: once the interval is known (the second
     scrape), one render per scrape (not six), each made after the scrape before it. A scrape that
     comes later than its interval foretold by more than a refresh (this test's sleep overslept on a
-    busy machine) gets one render more: the one timed for it, and one a refresh after it was due."""
+    busy machine) gets one render more: the one timed for it, and one a refresh after it was due.
+    Renders alternate between 2.4 ms and none, as on a loaded machine: the lead a render is timed
+    with then differs from the one its own time gives, and a render must still count as the one
+    timed for its scrape (not be followed by another a refresh later)."""
     renders = []
 
     class Counts:
         def collect(self) -> Iterator[Metric]:
             renders.append(time.monotonic())
+            time.sleep(0.0024 if len(renders) % 2 else 0.0)
             yield GaugeMetricFamily("pathprobe_test_rendered", "test", value=len(renders))
 
     r = CollectorRegistry()

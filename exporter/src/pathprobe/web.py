@@ -143,6 +143,7 @@ class Snapshot:
         self._taken = time.monotonic()  # before the first render: its age counts from the start
         self._render_seconds = 0.0
         self._tried = self._taken  # when the last render began, whether or not it succeeded
+        self._rendered_for: float | None = None  # the expected scrape the thread's last render was timed for
         self._last_scrape = 0.0
         self._scrapers = Scrapers()
         self._scraped = threading.Event()
@@ -185,18 +186,26 @@ class Snapshot:
         than 20 render times: at most 5% of a core), and no later than MAX_AGE_SECONDS after it
         (a scrape that comes early, or another client, reads no older snapshot). With no scraper
         keeping an interval (the first scrapes, or a client now and then): every `refresh`."""
+        return self._timing(now)[0]
+
+    def _timing(self, now: float) -> tuple[float, float | None]:
+        """next_render's time, and the expected scrape it is timed for (None: not timed for one)."""
         with self._lock:
             floor = self._tried + max(self.refresh, 20 * self._render_seconds)
             # A scraper more often than `refresh` gets a render per `refresh` (as it always did), not timed for it.
             expected = self._scrapers.next_expected(now, shortest=self.refresh)
             lead = RENDER_LEAD * self._render_seconds + RENDER_MARGIN_SECONDS
+        # Rendered for it already (timed for it, or begun within its lead): again only if it is
+        # `refresh` late. "Timed for it" counts on its own because the lead moves with each render's
+        # time: a render timed with a longer lead than its own time gives would otherwise look early.
         if expected is None:
-            due = floor
-        elif self._tried >= expected - lead:  # rendered for it already: again only if it is `refresh` late
-            due = max(floor, expected + self.refresh)
+            due, timed_for = floor, None
+        elif self._rendered_for == expected or self._tried >= expected - lead:
+            due, timed_for = max(floor, expected + self.refresh), None
         else:
-            due = max(floor, expected - lead)
-        return min(due, max(floor, self._tried + MAX_AGE_SECONDS))
+            due, timed_for = max(floor, expected - lead), expected
+        capped = max(floor, self._tried + MAX_AGE_SECONDS)
+        return (due, timed_for) if due <= capped else (capped, None)
 
     def _refresh_loop(self) -> None:
         while not self._closed.is_set():
@@ -204,9 +213,11 @@ class Snapshot:
             self._news.clear()
             if self._closed.is_set():
                 return
-            if self._news.wait(max(0.0, self.next_render(time.monotonic()) - time.monotonic())):
+            due, timed_for = self._timing(time.monotonic())
+            if self._news.wait(max(0.0, due - time.monotonic())):
                 continue  # a scrape came meanwhile: the render is timed again (or the snapshot closed)
             self.render()
+            self._rendered_for = timed_for
             if time.monotonic() - self._last_scrape > self.idle_after:
                 self._scraped.clear()  # nobody scrapes: stop rendering until someone does
 
