@@ -126,6 +126,10 @@ def test_renders_are_timed_just_ahead_of_a_steady_scrapers_next_scrape() -> None
     assert lead == pytest.approx(RENDER_MARGIN_SECONDS + RENDER_LEAD * every_15s._render_seconds)
     # Rendered for that scrape and it has not come: again `refresh` after it was due.
     assert rendered_at(129.9, ("a", 100.0), ("a", 115.0)).next_render(130.0) == 135.0
+    # Timed for it with a longer lead than the last render's time now gives: still rendered for it.
+    timed_early = rendered_at(129.5, ("a", 100.0), ("a", 115.0))
+    timed_early._rendered_for = 130.0
+    assert timed_early.next_render(129.6) == 135.0
     # A 60 s scraper: a render ahead of its scrape, and none older than MAX_AGE_SECONDS meanwhile.
     assert rendered_at(100.0, ("b", 40.0), ("b", 100.0)).next_render(100.0) == 100.0 + MAX_AGE_SECONDS
     # One scraping every second (a test that polls): every refresh, as if none were known.
