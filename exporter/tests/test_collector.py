@@ -265,6 +265,51 @@ def test_a_stepped_clock_costs_at_most_a_few_seconds_of_turns(tmp_path: Path, st
     assert taken_at[1] - taken_at[0] <= 2 * 4 + 1.5
 
 
+@pytest.mark.parametrize("step", [-3600.0, 3600.0])
+def test_a_clock_stepped_during_a_wait_for_a_turn_is_read_at_the_next_check(tmp_path: Path, step: float) -> None:
+    # The step comes while the loop waits for its next turn (60 s slots: a wait of up to two).
+    # Back an hour: the wait ends at its next read of the clock (CLOCK_CHECK_SECONDS), and the
+    # schedule goes on from the new time; a wait for the old time would last an hour more.
+    # Forward an hour: the wait ends at its next read too, and no test runs outside a turn of a's.
+    slot = 60
+    cfg = config(tmp_path, schedule={"slot_seconds": slot, "jitter_seconds": 0, "timeout_margin_seconds": 1},
+                 probes={"throughput": {"streams": [1], "duration_seconds": 0.2, "omit_seconds": 0}})  # fmt: skip
+    virtual, offset = VirtualTime(), [0.0]
+
+    async def stepping_sleep(seconds: float) -> None:
+        await virtual.sleep(seconds)
+        if len(taken_at) == 1 and not offset[0]:  # the first wait after the first test
+            offset[0] = step
+
+    e = Exporter(cfg, clock=lambda: virtual.time() + offset[0], sleep=stepping_sleep)
+    taken_at: list[float] = []  # when each test ran, by the unstepped clock
+    in_turn: list[bool] = []  # whether the (stepped) clock was then inside a turn of a's
+
+    def recording(test: ThroughputTest) -> ThroughputResult:
+        taken_at.append(virtual.time())
+        now = e.turns.clock()
+        turn = e.turns.timetable.next_turn("a", now)
+        in_turn.append(turn is not None and turn.start <= now < turn.end)
+        return result()
+
+    e.turns.make_prober = StandIn(recording)
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(e.turns.run(stop))
+        async with asyncio.timeout(20):  # against a hang: in virtual time this takes a moment
+            while len(taken_at) < 2:
+                await asyncio.sleep(0)
+        stop.set()
+        task.cancel()
+
+    asyncio.run(scenario())
+    assert in_turn == [True, True]
+    # From wherever the schedule is taken again, a's next turn starts within 2 slots (3 hosts: a
+    # has a turn in 2 of every 3); the step is read at most one clock check after it came.
+    assert taken_at[1] - taken_at[0] <= 2 * slot + turns.CLOCK_CHECK_SECONDS
+
+
 def test_quantiles_cover_a_sliding_window_and_keep_loaded_samples_apart(tmp_path: Path) -> None:
     now = [10_000.0]
     e = Exporter(config(tmp_path), clock=lambda: now[0])
