@@ -173,17 +173,15 @@ def test_the_default_demo_fills_prometheus_for_every_path_stays_silent_then_clea
 
 def throughput_alerts_margin() -> str:
     """How close the throughput alerts came in the silent window: their expression's lowest value
-    (the best test in the rules' window, once it holds two; below the warning ratio, they fire),
-    and the worst test."""
+    (the better of a test's last two results; below the warning ratio, they fire), and the worst test."""
     params = lab_alert_params(rotation_seconds(topology.load(None), SLOT_SECONDS))
-    window = params.throughput_window
-    best, two_tests = rules.throughput_best_in_window(params)
+    best, recent = rules.throughput_best_of_two(params)
     closest = min(float(r["value"][1]) for r in query(
-        f"min_over_time(({best}\n{two_tests})[{SILENT_SECONDS}s:15s])"))  # fmt: skip
+        f"min_over_time(({best}\n{recent})[{SILENT_SECONDS}s:15s])"))  # fmt: skip
     ratio = "path:pathprobe_throughput_expected_ratio:last"
     worst = min(query(f"min_over_time({ratio}[{SILENT_SECONDS}s])"), key=lambda r: float(r["value"][1]))
     test = {k: v for k, v in worst["metric"].items() if k in ("host", "peer", "protocol", "streams", "direction")}
-    return (f"the throughput alerts' lowest value ({window} window) {closest:.3f}, the worst test "
+    return (f"the throughput alerts' lowest value (best of two tests) {closest:.3f}, the worst test "
             f"{float(worst['value'][1]):.3f} ({test}: {how_it_ran(ratio, test)})")  # fmt: skip
 
 

@@ -31,7 +31,7 @@ def build(p: Params) -> Dashboard:
         .with_panel(series(
             "Throughput / expected",
             f"Each test's rate as a share of expected; alerts fire below {p.throughput_ratio_warning:.0%} (warning) "
-            f"and {p.throughput_ratio_critical:.0%} (critical) over every test in {p.throughput_window}.",
+            f"and {p.throughput_ratio_critical:.0%} (critical) for two tests in a row.",
             "percentunit",
             query(f"path:pathprobe_throughput_expected_ratio:last{{{sel}}}",
                   "{{host}} -> {{peer}} x{{streams}} {{direction}}")))

@@ -1,6 +1,7 @@
 """The rooms (metrics/): what /metrics shows for what the probes recorded."""
 
 import asyncio
+import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -145,6 +146,23 @@ def test_a_result_is_rated_with_an_rtt_from_its_own_time(tmp_path: Path) -> None
                  limit="send_buffer") == expected  # fmt: skip
     assert value(got, "pathprobe_throughput_bytes_per_second", peer="b", streams="1") == 50e6
     assert value(got, "pathprobe_probe_bytes_sent_total", probe="throughput", peer="b") == 300 * 10**6
+
+
+def test_the_rate_of_the_test_before_the_last_shows_from_the_second_result_and_goes_with_its_peer(
+    tmp_path: Path,
+) -> None:
+    e = Exporter(config(tmp_path))
+    throughput, key = e.rooms.throughput, metrics.TestKey("b", "tcp", "1", "send")
+    throughput.record(key, result())
+    assert not [n for n, _ in samples(e) if n == "pathprobe_throughput_previous_bytes_per_second"]
+    throughput.record(key, dataclasses.replace(result(), receiver_bytes_per_second=20e6))
+    got = samples(e)
+    assert value(got, "pathprobe_throughput_previous_bytes_per_second", peer="b", streams="1") == 50e6
+    assert value(got, "pathprobe_throughput_bytes_per_second", peer="b", streams="1") == 20e6
+    cfg = e.cfg.model_dump(mode="json")
+    cfg["peers"] = cfg["peers"][1:]
+    e.reload(Config.model_validate(cfg))
+    assert key not in throughput.previous
 
 
 class StandInRun:

@@ -67,6 +67,8 @@ class ThroughputRoom(Room):
         super().__init__(cfg)
         self.ledger = ledger
         self.results: dict[TestKey, ThroughputResult] = {}
+        # The receiver-side rate of the result before each test's last: the alerts want two tests in a row.
+        self.previous: dict[TestKey, float] = {}
         self.expected: dict[TestKey, Expected] = {}
         # ENA allowance counters that rose during each test's last run (empty: none rose); absent
         # for tests run where the counters do not exist.
@@ -74,11 +76,13 @@ class ThroughputRoom(Room):
         self.skipped: Counter[SkipKey] = Counter()
 
     def tables(self) -> list[MutableMapping[Any, Any]]:
-        return [self.results, self.expected, self.allowance_rises, self.skipped]
+        return [self.results, self.previous, self.expected, self.allowance_rises, self.skipped]
 
     # --- writers
     def record(self, key: TestKey, result: ThroughputResult) -> None:
         if self.admits(key.peer):
+            if key in self.results:
+                self.previous[key] = self.results[key].receiver_bytes_per_second
             self.results[key] = result
             self.ledger.moved(key.peer, result.moved_bytes())
             self.ledger.success(key.peer)
@@ -120,7 +124,15 @@ class ThroughputRoom(Room):
             for family, value in zip(families, _values(result), strict=True):
                 if value is not None:
                     family.add_metric([*peer, *key.spec], value)
-        yield from families
+        previous = gauge(
+            "pathprobe_throughput_previous_bytes_per_second",
+            "Receiver-side throughput of the test before the last completed one (absent until a test's second "
+            "result): with pathprobe_throughput_bytes_per_second, two tests in a row. " + CACHED,
+            TEST,
+        )
+        for peer, key, rate in scope.entries(self.previous):
+            previous.add_metric([*peer, *key.spec], rate)
+        yield from [*families, previous]
 
     def _expected(self, scope: Scope) -> Iterator[Metric]:
         expected = gauge(

@@ -27,9 +27,9 @@ class Params(Strict):
     throughput_ratio_critical: float = Field(default=0.5, gt=0, le=1, description="share of expected, critical")
     throughput_window: str = Field(
         default="2h",
-        description="every test whose result shows in this window is below: the last one before it and each in it; "
-        "at least 2 rotations of the schedule, so that a missed test (a busy peer) neither resolves nor fires it "
-        "(2 rotations: a path alone pages on its third bad test in a row)",
+        description="the throughput alerts compare a test's last two results while its last test is this recent "
+        "(older results neither fire nor hold them): at least 2 rotations of the schedule, so that one missed test "
+        "(a busy peer) does not resolve an alert",
     )
     tgw_utilisation_warning: float = Field(default=0.8, gt=0, le=1, description="share of the TGW attachment limit")
     rtt_baseline_ratio: float = Field(default=1.5, gt=1, description="30-minute RTT p50 against the 7-day p50")

@@ -123,14 +123,17 @@ def _recording(p: Params) -> list[dict[str, str]]:
          "expr": f"pathprobe_throughput_bytes_per_second{{{sel}}} * 8"},
         {"record": "path:pathprobe_throughput_expected_bits_per_second:last",
          "expr": f"pathprobe_throughput_expected_bytes_per_second{{{sel}}} * 8"},
-        # When each test last ran, recorded with its ratio: the alerts' "at least two tests" guard must
-        # read the same evaluation as the ratios (a raw series is one scrape ahead of a recorded one in
-        # another group, and a guard that sees a new test before its ratio fires on the older test alone).
+        # When each test last ran, recorded with its ratios: the alerts' recency guard reads the same
+        # evaluation as the ratios (a raw series is one scrape ahead of a recorded one in another group).
         {"record": "path:pathprobe_throughput_last_test_timestamp_seconds:last",
          "expr": f"pathprobe_throughput_last_test_timestamp_seconds{{{sel}}}"},
         # The binding limit is not part of a path's identity: a change of it must not restart `for:`.
         {"record": EXPECTED_RATIO,
          "expr": f"pathprobe_throughput_bytes_per_second{{{sel}}}\n"
+                 f"  / ignoring (limit)\n"
+                 f"pathprobe_throughput_expected_bytes_per_second{{{sel}}}"},
+        {"record": PREVIOUS_RATIO,
+         "expr": f"pathprobe_throughput_previous_bytes_per_second{{{sel}}}\n"
                  f"  / ignoring (limit)\n"
                  f"pathprobe_throughput_expected_bytes_per_second{{{sel}}}"},
         {"record": "path:pathprobe_udp_loss_ratio:rate5m",
@@ -237,6 +240,7 @@ IDLE_LOST, IDLE_SENT = "culprit:pathprobe_udp_idle_packets_lost:sum", "culprit:p
 SOURCE = "job, instance, host, region, zone, peer"
 # Recorded series that several rules read, named once.
 EXPECTED_RATIO = "path:pathprobe_throughput_expected_ratio:last"
+PREVIOUS_RATIO = "path:pathprobe_throughput_previous_expected_ratio:last"  # the test before the last, to expected
 SENT_RATIO = EXPECTED_RATIO + '{direction="send"}'  # the tests a host sent: its egress
 RTT_OK = f'{RTT_RUNS}{{result="ok"}}'
 
@@ -478,30 +482,32 @@ def _culprit_alerts(p: Params) -> list[Alert]:
     return alerts
 
 
-def throughput_best_in_window(p: Params) -> tuple[str, str]:
-    """What the throughput alerts compare with their ratios: each test's best ratio to expected
-    in the window, and the condition that the window holds two tests (a fresh path's first one
-    alone never fires)."""
-    best = f"max_over_time({EXPECTED_RATIO}[{p.throughput_window}])"
-    two_tests = (f"and on ({TEST})\nchanges(path:pathprobe_throughput_last_test_timestamp_seconds:last"
-                 f"{{{p.selector}}}[{p.throughput_window}]) >= 1")  # fmt: skip
-    return best, two_tests
+def throughput_best_of_two(p: Params) -> tuple[str, str]:
+    """What the throughput alerts compare with their ratios: the better of each test's last two
+    results to expected (none before its second result: a fresh path's first test alone never
+    fires; a missed test holds both), and the condition that its last test came within
+    throughput_window (older results neither fire nor hold an alert: PathprobeThroughputResultsStale
+    says they stopped)."""
+    best = f"({EXPECTED_RATIO} >= {PREVIOUS_RATIO}\n  or {PREVIOUS_RATIO})"
+    recent = (f"and on ({TEST})\nchanges(path:pathprobe_throughput_last_test_timestamp_seconds:last"
+              f"{{{p.selector}}}[{p.throughput_window}]) >= 1")  # fmt: skip
+    return best, recent
 
 
 def _throughput_alerts(p: Params) -> list[Alert]:
     sel, test_text = p.selector, TEST_TEXT
     ratio = EXPECTED_RATIO
-    best, two_tests = throughput_best_in_window(p)
+    best, recent = throughput_best_of_two(p)
     return [
         Alert("PathprobeThroughputBelowExpected",
-               f"{best} < {p.throughput_ratio_warning:g}\n{two_tests}",
+               f"{best} < {p.throughput_ratio_warning:g}\n{recent}",
                "warning", "Path throughput below its expected limit.",
-               f"{test_text}: every test in the last {p.throughput_window} reached at most "
+               f"{test_text}: the last two tests reached at most "
                "{{ $value | humanizePercentage }} of expected (binding limit: " + BINDING + ")." + CONVERGED),
         Alert("PathprobeThroughputFarBelowExpected",
-               f"{best} < {p.throughput_ratio_critical:g}\n{two_tests}",
+               f"{best} < {p.throughput_ratio_critical:g}\n{recent}",
                "critical", "Path throughput far below its expected limit.",
-               f"{test_text}: every test in the last {p.throughput_window} reached at most "
+               f"{test_text}: the last two tests reached at most "
                "{{ $value | humanizePercentage }} of expected (binding limit: " + BINDING + ")." + CONVERGED),
         Alert("PathprobeTransitGatewayNearLimit",
                f'{ratio}{{path_class="transit_gateway"}} > {p.tgw_utilisation_warning:g}\n'
