@@ -126,7 +126,7 @@ LAB_EVALUATION_INTERVAL = "5s"
 def lab_alert_params(rotation_seconds: float, rtt_window_seconds: int = 300) -> Params:
     """The production rules with windows short enough for a lab fire drill (minutes);
     `rtt_window_seconds`: the exporters' probes.rtt.quantile_window_seconds."""
-    # Two rotations and a margin (Params.throughput_window): a missed test neither resolves nor holds an alert.
+    # Two rotations and a margin (Params.throughput_window): one missed test does not resolve an alert.
     window = f"{int(2 * rotation_seconds + 30)}s"
     rtt_window = f"{rtt_window_seconds // 60}m" if rtt_window_seconds % 60 == 0 else f"{rtt_window_seconds}s"
     half_minute = ("rtt_for", "mtu_for", "unreachable_window", "unreachable_for", "exporter_down_for",
