@@ -173,11 +173,12 @@ def test_the_default_demo_fills_prometheus_for_every_path_stays_silent_then_clea
 
 def throughput_alerts_margin() -> str:
     """How close the throughput alerts came in the silent window: their expression's lowest value
-    (the better of a test's last two results; below the warning ratio, they fire), and the worst test."""
+    (the better of a test's last two results; below the warning ratio, they fire), and the worst test.
+    The expression's series carry either ratio's name, so the subquery takes their minimum first."""
     params = lab_alert_params(rotation_seconds(topology.load(None), SLOT_SECONDS))
     best, recent = rules.throughput_best_of_two(params)
     closest = min(float(r["value"][1]) for r in query(
-        f"min_over_time(({best}\n{recent})[{SILENT_SECONDS}s:15s])"))  # fmt: skip
+        f"min_over_time(min({best}\n{recent})[{SILENT_SECONDS}s:15s])"))  # fmt: skip
     ratio = "path:pathprobe_throughput_expected_ratio:last"
     worst = min(query(f"min_over_time({ratio}[{SILENT_SECONDS}s])"), key=lambda r: float(r["value"][1]))
     test = {k: v for k, v in worst["metric"].items() if k in ("host", "peer", "protocol", "streams", "direction")}
