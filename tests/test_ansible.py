@@ -780,11 +780,10 @@ def metrics_answer(deployed: dict, address: str) -> bool:
 def test_systemctl_stop_stops_within_the_timeout_and_leaves_nothing(deployed: dict) -> None:
     host = next(iter(deployed["addresses"]))
     assert ssh(deployed, host, "pgrep -x iperf3").stdout.strip(), "the exporter's iperf3 server should run"
-    started = time.monotonic()
     stop = ssh(deployed, host, "systemctl stop pathprobe")
-    took = time.monotonic() - started
     assert stop.returncode == 0, stop.stderr
-    assert took < 10, f"systemctl stop took {took:.1f} s (TimeoutStopSec=10s)"
+    # systemd's own timing, not this test's (which adds SSH): a stop past TimeoutStopSec=10s is killed
+    # and ends in Result=timeout.
     assert ssh(deployed, host, "systemctl show pathprobe -p Result --value").stdout.strip() == "success"
     assert ssh(deployed, host, "pgrep -x iperf3").returncode == 1, "an iperf3 outlived the exporter"
     assert "table inet pathprobe" not in ssh(deployed, host, "nft list tables").stdout

@@ -84,8 +84,8 @@ def test_serve_says_ready_once_its_iperf3_server_listens(ports: tuple[int, int])
 
 def test_waiting_for_a_server_ends_when_it_is_down_or_late(ports: tuple[int, int]) -> None:
     started = time.monotonic()
-    assert not asyncio.run(wait_listening(ports[1], 5, down=lambda: True))
-    assert time.monotonic() - started < 1  # at once, not at the timeout
+    assert not asyncio.run(wait_listening(ports[1], 60, down=lambda: True))
+    assert time.monotonic() - started < 30  # at once, not at the timeout (half of it: a busy machine is not late)
     assert not asyncio.run(wait_listening(ports[1], 0.05, down=lambda: False))
     with socket.create_server(("127.0.0.1", ports[1])):
         assert asyncio.run(wait_listening(ports[1], 5, down=lambda: False))
