@@ -53,6 +53,12 @@ class ExpectedTracker:
         self.share = cfg.tcp_window_share or window_share()
         self.windows = {p.name: RttWindow() for p in cfg.probed_peers}  # not one per member of a large mesh
 
+    def rtt_median(self, peer: str) -> float | None:
+        """The median of `peer`'s RTT window; None also for a peer this config does not probe (a turn
+        of the schedule in force until a new member list's epoch can still name it)."""
+        window = self.windows.get(peer)
+        return window.median() if window is not None else None
+
     def rate_all(self, peer: Peer, keys: list[TestSpec]) -> None:
         """Expected values of tests that have no result yet, from the RTT window."""
         for key in keys:
@@ -61,7 +67,7 @@ class ExpectedTracker:
 
     def rate(self, peer: Peer, key: TestSpec, result: ThroughputResult | None) -> None:
         protocol, streams, direction = key
-        rtt = self.windows[peer.name].median() or (result.rtt_seconds if result else None)
+        rtt = self.rtt_median(peer.name) or (result.rtt_seconds if result else None)
         if direction == "send":
             rmem, wmem = peer.tcp_rmem_max_bytes or self.rmem_max, self.wmem_max
         else:

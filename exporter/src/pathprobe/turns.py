@@ -228,6 +228,6 @@ class ThroughputTurns:
             public_key_file=auth.public_key_file if auth else None,
             legacy_rsa_padding=auth.legacy_rsa_padding if auth else False,
             steady_state=Detector.of(s.steady_state) if s.steady_state.enabled else None,
-            rtt_hint_seconds=self.tracker.windows[peer.name].median(),
+            rtt_hint_seconds=self.tracker.rtt_median(peer.name),
             binary=self.cfg.iperf3.binary, margin_seconds=self.cfg.schedule.timeout_margin_seconds, dscp=s.dscp,
         )  # fmt: skip
