@@ -212,6 +212,18 @@ RULES_CASES: dict[str, tuple[dict[Path_, tuple[str, float]], list[dict[str, str]
          + between(MESH, src_region="ap-northeast-3", dst="singapore-a1")},
         culprit_labels("zone", False, zone="ap-northeast-1a", region=TOKYO)
         + culprit_labels("zone", False, zone="ap-northeast-1c", region=TOKYO), ""),
+    # Two faults: Tokyo's zones at 10% loss (critical), and a Singapore host's egress at 0.7 of expected
+    # (a warning). Four of the host's seven paths run into the zones: their echoes (10% lost) and their
+    # critical loss alerts are the zones' page, not the host's. Counted as its own, they made its
+    # echoes lose 5.7% together and turned it critical too: a second page for the zones' fault.
+    "two zones critically lossy and a host's egress at a warning level": (
+        {p: ("loss", 0.1) for p in between(MESH, zone="ap-northeast-1a") + between(MESH, zone="ap-northeast-1c")}
+        | {p: ("ratio", 0.7) for p in between(MESH, src="singapore-a1", dst_region="ap-northeast-3")
+           + between(MESH, src="singapore-a1", dst="singapore-a2")},
+        culprit_labels("zone", True, zone="ap-northeast-1a", region=TOKYO)
+        + culprit_labels("zone", True, zone="ap-northeast-1c", region=TOKYO)
+        + culprit_labels("host", False, side="egress", host="singapore-a1", region="ap-southeast-1",
+                         zone="ap-southeast-1a"), ""),
 }  # fmt: skip
 
 

@@ -221,11 +221,12 @@ CULPRIT_CRITICAL_ALERTS = {scope: name.replace("Degraded", "Failing") for scope,
 PATHS, PATHS_BAD, PATHS_CRITICAL = ("culprit:pathprobe_paths:count", "culprit:pathprobe_paths_bad:count",
                                     "culprit:pathprobe_paths_critical:count")  # fmt: skip
 # The per-path alerts a culprit explains (alertmanager.yml's inhibitions name the same), and how many
-# of them fire at critical severity over each candidate culprit's paths.
+# of them fire at critical severity over each candidate culprit's paths that no culprit named before
+# it explains.
 EXPLAINABLE = "PathprobeThroughput(Far)?BelowExpected|PathprobeRtt.*|PathprobePacketLoss.*|PathprobePeerUnreachable"
 CRITICAL_ALERTS = "culprit:pathprobe_path_critical_alerts:count"
 # Idle UDP echoes lost and sent in the loss window: per path (with every label of the path; lost
-# only where some were), and over each candidate culprit's paths.
+# only where some were), and over each candidate culprit's paths that no culprit named before it explains.
 PATH_IDLE_LOST, PATH_IDLE_SENT = ("path:pathprobe_udp_idle_packets_lost:increase",
                                   "path:pathprobe_udp_idle_packets_sent:increase")  # fmt: skip
 # The share of its idle echoes a path lost, where it lost loss_min_lost_packets or more: what the
@@ -386,6 +387,27 @@ def _culprits(p: Params) -> list[dict[str, Any]]:
         paths = _candidates("count", lambda m: f"({level(m)} unless on ({PATH}) ({explained}))")
         return _named(p, scope, f"({bad[scope]})", f"({paths[scope]})")
 
+    def evidence(scope: str, explained: str | None) -> list[dict[str, str]]:
+        """What raises the scope's culprits to critical besides their paths' levels: their idle echoes
+        lost and sent, and the per-path critical alerts firing, over their paths outside `explained`
+        (None: all of them). A culprit's loss and alerts are its own, not those of a lossy zone that
+        some of its paths run into (that zone's page has them). Lost echoes and alerts are on few
+        paths; the echoes sent, on all: their sum (once: each costs a thousand hosts' group a second)
+        less that of the (few) explained paths, or of none (PATHS: every candidate)."""
+
+        def own(agg: str, series: Callable[[str], str]) -> str:
+            if explained is None:
+                return _candidates(agg, series)[scope]
+            return _candidates(agg, lambda m: f"({series(m)} unless on ({PATH}) ({explained}))")[scope]
+
+        lost, alerts = own("sum", functools.partial(_selected, PATH_IDLE_LOST)), own("count", _critical_alerts)
+        sent = f"({_candidates('sum', functools.partial(_selected, PATH_IDLE_SENT))[scope]})"
+        if explained is not None:
+            gone = _candidates("sum", lambda m: f"({_selected(PATH_IDLE_SENT, m)} and on ({PATH}) ({explained}))")
+            sent = f'{sent}\n- ({gone[scope]}\n  or 0 * {PATHS}{{scope="{scope}"}})'
+        return [{"record": record, "expr": expr, "labels": {"scope": scope}}
+                for record, expr in ((IDLE_LOST, lost), (IDLE_SENT, sent), (CRITICAL_ALERTS, alerts))]  # fmt: skip
+
     def explains(scope: str, side: str, on: str) -> str:
         side_matcher = f', side="{side}"' if side else ""
         return f'{BAD} >= 1 and on ({on}) {CULPRIT}{{scope="{scope}"{side_matcher}}}'
@@ -396,6 +418,9 @@ def _culprits(p: Params) -> list[dict[str, Any]]:
                      explains("transit_gateway", "ingress", "peer_attachment")]  # fmt: skip
     zone = '{scope="zone"}'
     zone_named = _named(p, "zone", PATHS_BAD + zone, PATHS + zone)
+    # The paths that the culprits named before each scope's explain.
+    before = {"host": EXPLAINED + zone, "transit_gateway": EXPLAINED + '{scope=~"zone|host"}',
+              "region_pair": EXPLAINED}  # fmt: skip
 
     def filled(agg: str, series: Callable[[str], str]) -> str:
         """`agg` of `series` (the few bad or lossy paths) over each candidate's paths, and 0 for the
@@ -415,22 +440,22 @@ def _culprits(p: Params) -> list[dict[str, Any]]:
         {"record": PATHS, "expr": "\nor ".join(_candidates("count", level).values())},
         {"record": PATHS_BAD, "expr": filled("count", lambda m: level(m, " >= 1"))},
         {"record": PATHS_CRITICAL, "expr": filled("count", lambda m: level(m, " >= 2"))},
-        {"record": IDLE_LOST, "expr": filled("sum", functools.partial(_selected, PATH_IDLE_LOST))},
-        {"record": IDLE_SENT,
-         "expr": "\nor ".join(_candidates("sum", functools.partial(_selected, PATH_IDLE_SENT)).values())},
-        {"record": CRITICAL_ALERTS, "expr": "\nor ".join(_candidates("count", _critical_alerts).values())},
+        *evidence("zone", None),
         # A zone of one (measuring) host is that host: its own culprit names it.
         {"record": CULPRIT, "expr": f"{zone_named}\nand on (zone) {zone_hosts} >= 2", "labels": {"scope": "zone"}},
         {"record": EXPLAINED, "expr": "\nor ".join(by_zone), "labels": {"scope": "zone"}},
-        {"record": CULPRIT, "expr": f'({named("host", EXPLAINED + zone)})\nunless on (zone) {CULPRIT}{zone}',
+        *evidence("host", before["host"]),
+        {"record": CULPRIT, "expr": f'({named("host", before["host"])})\nunless on (zone) {CULPRIT}{zone}',
          "labels": {"scope": "host"}},
         {"record": EXPLAINED, "expr": "\nor ".join(by_host), "labels": {"scope": "host"}},
         # Each rule reads the explained paths recorded before it in this evaluation: the ones recorded
         # after it are the last evaluation's until they are recorded again (a culprit would leave out its own).
-        {"record": CULPRIT, "expr": named("transit_gateway", EXPLAINED + '{scope=~"zone|host"}'),
+        *evidence("transit_gateway", before["transit_gateway"]),
+        {"record": CULPRIT, "expr": named("transit_gateway", before["transit_gateway"]),
          "labels": {"scope": "transit_gateway"}},
         {"record": EXPLAINED, "expr": "\nor ".join(by_attachment), "labels": {"scope": "transit_gateway"}},
-        {"record": CULPRIT, "expr": named("region_pair", EXPLAINED), "labels": {"scope": "region_pair"}},
+        *evidence("region_pair", before["region_pair"]),
+        {"record": CULPRIT, "expr": named("region_pair", before["region_pair"]), "labels": {"scope": "region_pair"}},
     ]  # fmt: skip
 
 
