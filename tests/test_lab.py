@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 from collections.abc import Callable, Iterator
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PATHPROBE, in_host, payload_rate, root_leftovers, topology
+from helpers import PATHPROBE, in_host, payload_rate, root_leftovers, topology, wait_for
 from pathprobe import procs
 from pathprobe_lab import shaping
 from pathprobe_lab.state import ROUTER, STATE_DIR, State, in_ns, ns
@@ -175,6 +176,39 @@ def test_the_delay_line_logs_its_counters_when_stopped(serving: None) -> None:
     procs.terminate(line["pid"])  # SIGTERM first: it prints its counters and exits
     counters = re.search(r"delay line: (\d+) packets .* late by at most (\d+) us at p50", log.read_text())
     assert counters is not None and int(counters[1]) > 0 and int(counters[2]) <= 100, log.read_text()[-500:]
+
+
+def delay_line_counters(pid: int, log: Path) -> tuple[int, int]:
+    """The delay line's packets and wake-ups so far: it logs its counters on SIGUSR1."""
+    size = log.stat().st_size
+    os.kill(pid, signal.SIGUSR1)
+    pattern = r"delay line: (\d+) packets in \d+ reads, (\d+) wake-ups"
+    found = wait_for("its counters", lambda: re.findall(pattern, log.read_text()[size:]), timeout=10, every=0.05)
+    return int(found[-1][0]), int(found[-1][1])
+
+
+def test_the_delay_line_wakes_for_releases_not_for_each_arrival_on_a_short_path(serving: None) -> None:
+    """1.5 ms each way (a queue read as its packets arrive), 1,000 echoes a second: each packet arrives
+    while an earlier one falls due within the path's delay, so the line reads it then instead of
+    waking for it. It woke about twice a packet (an arrival and a release, a context switch each: a
+    third of its CPU in a VM) and now about once; the echoes keep their delay."""
+    lab("impair", "east", "west", "--delay", "1.5ms")
+    lab("impair", "west", "east", "--delay", "1.5ms")
+    state = State.load()
+    assert state is not None
+    line = next(p["pid"] for p in state.processes if p["what"] == "delay-line")
+    log = STATE_DIR / "delay-line.log"
+    packets, wakeups = delay_line_counters(line, log)
+    probe = in_host("east", [*PATHPROBE, "probe", "loss", address(2), "-c", "4000", "--rate", "1000", "--json"])
+    assert probe.returncode == 0, probe.stderr
+    report = json.loads(probe.stdout)
+    assert report["lost"] == 0 and report["rtt_seconds"]["p50"] == pytest.approx(0.003, abs=RTT_TOLERANCE), report
+    packets_after, wakeups_after = delay_line_counters(line, log)
+    assert packets_after - packets >= 8000
+    assert (wakeups_after - wakeups) / (packets_after - packets) < 1.3, (
+        packets_after - packets,
+        wakeups_after - wakeups,
+    )
 
 
 def toggled(src: str, dst: str, *impairment: str) -> Callable[[int], object]:

@@ -17,6 +17,8 @@
  *   reads a packet is not added to its delay;
  * - SCHED_FIFO, 1 ns timer slack and nanosecond epoll timeouts, so that a release is late by
  *   the machine's timer wake-up only, not by the exporters, iperf3 or Prometheus beside it;
+ * - a wake-up for a release, not also one for each arrival while a release falls due sooner than
+ *   any new packet could (wait_until): a context switch costs a VM's process microseconds;
  * - delays changed while it runs, through its control socket: a restart would make the kernel
  *   drop every packet that every path holds (the queues go with their socket) and let packets
  *   through undelayed until the new process binds, so one path's delay change would cost the
@@ -40,6 +42,7 @@
 #include <libnetfilter_queue/libnetfilter_queue.h>
 #include <linux/netfilter.h>
 #include <linux/netfilter/nfnetlink_queue.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -107,6 +110,9 @@ static size_t heap_len;
 static int ep_all, ep_prompt; /* every queue's socket and the control socket; the prompt queues' */
 static const char *control_path; /* --control */
 static int control_fd = -1;       /* in ep_all with a NULL data.ptr */
+/* The shortest delay of a prompt queue (UINT64_MAX: none): a packet read from now on falls due no
+ * sooner than this after the last read began, so a release due within it need not wake for arrivals. */
+static uint64_t shortest_prompt_ns = UINT64_MAX;
 
 static int bind_queue(struct path *p);
 static void raise_fd_limit(void);
@@ -358,10 +364,14 @@ static int bind_queue(struct path *p)
 	}
 }
 
-/* Waits until `target` or until a prompt queue has a packet. A timer wakes this process some
- * tens of microseconds late on a VM, which would add to every delay: so it asks to be woken
- * that much early (the lateness seen so far, a moving average) and spins the rest. */
-static void wait_until(uint64_t target)
+/* Waits until `target` or until a prompt queue has a packet; `read_began`: when the last read of
+ * the queues began. A packet not read by then arrived after it, and falls due at least the shortest
+ * prompt delay later: a target before that needs no wake-up for arrivals (on a path of a test, one
+ * a packet, each a context switch that cost this process a third of its CPU in a VM; perf record).
+ * A timer wakes this process some tens of microseconds late on a VM, which would add to every
+ * delay: so it asks to be woken that much early (the lateness seen so far, a moving average) and
+ * spins the rest. */
+static void wait_until(uint64_t target, uint64_t read_began)
 {
 	static uint64_t early_ns;
 	struct epoll_event event;
@@ -370,7 +380,9 @@ static void wait_until(uint64_t target)
 		return;
 	uint64_t ask = target - (early_ns < target - now ? early_ns : target - now);
 	struct timespec left = {(time_t)((ask - now) / 1000000000u), (long)((ask - now) % 1000000000u)};
-	if (epoll_pwait2(ep_prompt, &event, 1, &left, &waiting_mask) != 0)
+	bool arrivals_can_wait = shortest_prompt_ns != UINT64_MAX && target - read_began <= shortest_prompt_ns;
+	if (arrivals_can_wait ? ppoll(NULL, 0, &left, &waiting_mask) != 0
+			  : epoll_pwait2(ep_prompt, &event, 1, &left, &waiting_mask) != 0)
 		return; /* a packet to read, or a signal */
 	now = clock_ns(CLOCK_MONOTONIC);
 	int64_t late = (int64_t)(now - ask) < MAX_WAKE_EARLY_NS ? (int64_t)(now - ask) : MAX_WAKE_EARLY_NS;
@@ -380,8 +392,9 @@ static void wait_until(uint64_t target)
 }
 
 /* Reads every ready queue's socket, in turns of BATCH messages, until all are drained, releasing
- * what falls due in between; waits up to `timeout_ms` (-1: for ever) for one to be ready. */
-static void read_ready(int timeout_ms)
+ * what falls due in between; waits up to `timeout_ms` (-1: for ever) for one to be ready. Returns
+ * false when more sockets may have been ready than one wait reports (some left to read). */
+static bool read_ready(int timeout_ms)
 {
 	struct epoll_event events[64];
 	struct path *busy[64];
@@ -404,6 +417,7 @@ static void read_ready(int timeout_ms)
 		if (nbusy)
 			release_due();
 	}
+	return n < 64;
 }
 
 /* One "QUEUE:SECONDS"; false when it is not one (queue 0-65535, 0-10 s). */
@@ -460,6 +474,14 @@ static struct path *find_path(uint16_t queue)
 	return NULL;
 }
 
+/* Called after any queue's delay changes (shortest_prompt_ns). */
+static void note_shortest_prompt(void)
+{
+	shortest_prompt_ns = UINT64_MAX;
+	for (size_t k = 0; k < npaths; k++)
+		if (prompt(paths[k]) && paths[k]->delay_ns < shortest_prompt_ns)
+			shortest_prompt_ns = paths[k]->delay_ns;
+}
 
 /* A queue at a delay: an existing one takes it (joining or leaving the prompt set), a new one is
  * bound and watched. Returns 0, or the errno of a new queue's bind (nothing is then changed). */
@@ -474,6 +496,7 @@ static int set_delay(uint16_t queue, uint64_t delay_ns)
 		if (was_prompt != prompt(p) &&
 		    epoll_ctl(ep_prompt, prompt(p) ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, fd, &ev) < 0)
 			die("epoll_ctl");
+		note_shortest_prompt();
 		return 0;
 	}
 	if (npaths == paths_cap) { /* before the bind: packets held while it waits go on the heap */
@@ -500,6 +523,7 @@ static int set_delay(uint16_t queue, uint64_t delay_ns)
 	if (epoll_ctl(ep_all, EPOLL_CTL_ADD, fd, &ev) < 0 ||
 	    (prompt(p) && epoll_ctl(ep_prompt, EPOLL_CTL_ADD, fd, &ev) < 0))
 		die("epoll_ctl");
+	note_shortest_prompt();
 	return 0;
 }
 
@@ -642,7 +666,7 @@ int main(int argc, char **argv)
 	printf("ready\n");
 	fflush(stdout);
 
-	uint64_t last_read = 0;
+	uint64_t last_read = 0, read_began = 0;
 	while (!stop_asked) {
 		if (report_asked) {
 			report_asked = 0;
@@ -650,9 +674,11 @@ int main(int argc, char **argv)
 		}
 		uint64_t next = release_due();
 		if (next)
-			wait_until(next < last_read + LAZY_READ_NS ? next : last_read + LAZY_READ_NS);
+			wait_until(next < last_read + LAZY_READ_NS ? next : last_read + LAZY_READ_NS, read_began);
 		stats.wakeups++;
-		read_ready(next ? 0 : -1); /* nothing held: wait for any packet or request */
+		uint64_t began = clock_ns(CLOCK_MONOTONIC);
+		bool drained = read_ready(next ? 0 : -1); /* nothing held: wait for any packet or request */
+		read_began = drained ? began : 0;         /* 0: packets left unread, wake for them */
 		last_read = clock_ns(CLOCK_MONOTONIC);
 	}
 	if (control_path)
