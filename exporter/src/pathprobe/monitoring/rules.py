@@ -387,7 +387,7 @@ def _culprits(p: Params) -> list[dict[str, Any]]:
         paths = _candidates("count", lambda m: f"({level(m)} unless on ({PATH}) ({explained}))")
         return _named(p, scope, f"({bad[scope]})", f"({paths[scope]})")
 
-    def evidence(scope: str, explained: str | None) -> list[dict[str, str]]:
+    def evidence(scope: str, explained: str | None) -> list[dict[str, Any]]:
         """What raises the scope's culprits to critical besides their paths' levels: their idle echoes
         lost and sent, and the per-path critical alerts firing, over their paths outside `explained`
         (None: all of them). A culprit's loss and alerts are its own, not those of a lossy zone that
