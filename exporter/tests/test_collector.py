@@ -53,7 +53,7 @@ def value(got: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, 
 
 def result(rtt: float | None = None) -> ThroughputResult:
     return ThroughputResult("tcp", 1, "send", 5, 1, None, None, 50e6, 51e6, 250 * 10**6, retransmits=7,
-                            rtt_seconds=rtt, timestamp=1000.0)  # fmt: skip
+                            sender_rtt_seconds=rtt, timestamp=1000.0)  # fmt: skip
 
 
 def test_every_outcome_starts_at_zero_and_no_created_series(tmp_path: Path) -> None:
@@ -136,7 +136,7 @@ def test_loaded_packets_of_a_peer_without_tests_are_exported(tmp_path: Path) -> 
 def test_a_result_is_rated_with_an_rtt_from_its_own_time(tmp_path: Path) -> None:
     e = Exporter(config(tmp_path))
     peer = e.cfg.peers[0]
-    e.tracker.rate(peer, ("tcp", "1", "send"), result(rtt=0.074))  # no RTT window yet: iperf3's RTT
+    e.tracker.rate(peer, ("tcp", "1", "send"), result(rtt=0.074))  # no RTT window yet: the test's RTT
     e.rooms.throughput.record(metrics.TestKey("b", "tcp", "1", "send"), result(rtt=0.074))
     got = samples(e)
     expected = value(got, "pathprobe_throughput_expected_bytes_per_second", peer="b", streams="1")

@@ -30,12 +30,14 @@ def test_tcp_two_streams() -> None:
     assert (r.protocol, r.streams, r.direction, r.timestamp) == ("tcp", 2, "send", 123.0)
     assert r.udp_loss_ratio is None
     assert r.iperf3_version == "iperf 3.12"
+    assert r.sender_rtt_seconds == pytest.approx((75 + 58) / 2 / 1e6)  # the streams' mean_rtt (us)
 
 
 def test_tcp_reverse_keeps_direction() -> None:
     r = parse(load("tcp_reverse.json"), ThroughputTest(direction="receive"))
     assert r.direction == "receive"
     assert r.receiver_bytes_per_second == pytest.approx(100654035.83 / 8)
+    assert r.sender_rtt_seconds is None  # reported as 0: not measured
 
 
 def test_udp_reads_receiver_loss_and_jitter() -> None:

@@ -40,8 +40,8 @@ class ExpectedTracker:
     """Keeps the throughput room's expected values up to date: for every test at the start of each turn, and for
     a test again when its result is recorded. The buffer bounds take the median RTT of
     the window (the path's RTT just before the test) or, before the window has enough
-    samples, the RTT iperf3 measured during the test itself: a result is never rated
-    without an RTT when one was measured.
+    samples (a test in an exporter's first seconds), the RTT the test's senders saw: a
+    result is never rated without an RTT when one was measured.
 
     A test's result and its expected value change together, so the ratio of the two on
     /metrics always compares one test with its own expectation."""
@@ -67,7 +67,7 @@ class ExpectedTracker:
 
     def rate(self, peer: Peer, key: TestSpec, result: ThroughputResult | None) -> None:
         protocol, streams, direction = key
-        rtt = self.rtt_median(peer.name) or (result.rtt_seconds if result else None)
+        rtt = self.rtt_median(peer.name) or (result.sender_rtt_seconds if result else None)
         if direction == "send":
             rmem, wmem = peer.tcp_rmem_max_bytes or self.rmem_max, self.wmem_max
         else:

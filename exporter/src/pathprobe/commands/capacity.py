@@ -288,7 +288,7 @@ async def sweep(args: argparse.Namespace, streams: list[int], bitrate: float, rt
                 after = ena.read(interface)
                 rows.append(Row(n, r.receiver_bytes_per_second * 8, r.retransmits, r.udp_loss_ratio,
                                 allowance_exceeded=ena.rose(before, after) if after is not None else None,
-                                rtt_under_load_seconds=r.sender_rtt_seconds or r.rtt_seconds))  # fmt: skip
+                                rtt_under_load_seconds=r.sender_rtt_seconds))  # fmt: skip
                 break
             except ProbeFailure as exc:
                 if exc.reason == "busy" and attempt < BUSY_RETRIES - 1:

@@ -44,8 +44,9 @@ RESULT_FAMILIES = {
         "Share of the last send test's sending time with this host's send buffer full, the sender waiting to "
         "write (0-1). Steady-state TCP send tests only. " + CACHED,
     "pathprobe_throughput_sender_rtt_seconds":
-        "Mean over the last send test of its streams' smoothed RTT (tcp_info): the path's RTT with the test's own "
-        "queue in it; the rate times it is what the test kept in flight. Steady-state TCP send tests only. " + CACHED,
+        "Mean over the last TCP test of its sending streams' smoothed RTT (tcp_info; iperf3's mean_rtt for a "
+        "fixed-length test): the path's RTT with the test's own queue in it; the rate times it is what the test kept "
+        "in flight. Absent where not reported (a steady-state receive test). " + CACHED,
 }  # fmt: skip
 
 

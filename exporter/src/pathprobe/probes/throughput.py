@@ -157,8 +157,6 @@ class ThroughputResult:
     udp_lost: int | None = None
     udp_loss_ratio: float | None = None
     jitter_seconds: float | None = None
-    # Mean smoothed RTT of the TCP streams during the test (the sender's kernel), when reported.
-    rtt_seconds: float | None = None
     timestamp: float = 0.0
     iperf3_version: str = ""
     # A steady-state test: whether it converged (False: it ran to duration_seconds), and how
@@ -168,7 +166,8 @@ class ThroughputResult:
     # receiver's window full and with the send buffer full (steady.limited_shares); None otherwise.
     receive_window_limited_ratio: float | None = None
     send_buffer_limited_ratio: float | None = None
-    # The same tests: the mean over the test of its senders' smoothed RTT (steady.sender_rtt).
+    # A TCP test: the mean over the test of its sending streams' smoothed RTT (the sender's kernel),
+    # where reported: from the sockets (steady.sender_rtt) or iperf3's report (a fixed-length test).
     sender_rtt_seconds: float | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -259,7 +258,7 @@ def _result(doc: dict[str, Any], test: ThroughputTest, now: float | None) -> Thr
         **common,
         receiver_bytes_per_second=float(end["sum_received"]["bits_per_second"]) / 8,
         retransmits=int(sent["retransmits"]) if "retransmits" in sent else None,
-        rtt_seconds=_stream_rtt(end),
+        sender_rtt_seconds=_stream_rtt(end),
     )
 
 
