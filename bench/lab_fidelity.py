@@ -1,13 +1,17 @@
 """Lab fidelity: configured rate, delay and loss against what pathprobe measures,
 next to plain iperf3 and ping on the same path.
 
-Run as root: .venv/bin/python bench/lab_fidelity.py [--only delay-line]   (about 6 minutes;
-builds its own labs in 198.18.0.0/15 and removes them)
+Run as root: .venv/bin/python bench/lab_fidelity.py [--only delay-line | --only demo]   (about 20
+minutes; builds its own labs in 198.18.0.0/15 and removes them; `--only delay-line`: the two delay
+lines side by side, 2 minutes; `--only demo`: the default demo with the compiled delay line and
+ping beside it, 6 minutes)
 Targets: throughput within 3% of the payload rate the shaper allows; RTT p50 within
 0.5 ms + 2% of the configured RTT; loss within 0.2 percentage points at 1% over at least
 20,000 packets. The delay line (compiled against the Python one, in the same run): while
 one path carries the most the lab shapes, the delay it adds on an idle second path at p99
-within 0.1 ms, and its CPU per Gbit/s at most a fifth of the Python one's.
+within 0.1 ms, and its CPU per Gbit/s at most a fifth of the Python one's; in the default demo,
+every one-flow test on the ~74 ms paths within 3% of its prediction, and the idle RTT's p99 within
+10% of its p50 (0.15 ms on the 0.5 ms paths), ping's over the same idle windows beside it.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import yaml
 
-from pathprobe import promql
+from pathprobe import config, promql
+from pathprobe.exporter import schedule_of
 from pathprobe_lab import net, shaping
 from pathprobe_lab.state import State, in_ns, ns
 from pathprobe_lab.topology import PathSpec, Topology, address
@@ -44,9 +50,14 @@ TWO_PATHS = Topology.model_validate({
     "paths": [{"between": ["r1", "r2"], "rate": "2G", "one_way_delay": "0.25ms"},
               {"between": ["r3", "r4"], "one_way_delay": "0.25ms"}],
 })  # fmt: skip
-LOADED_SECONDS = 8
+# 1,000 samples every 10 ms on the idle path (a p99 of ten, not five, of them), during the test past its slow start.
+IDLE_SAMPLES = 1000
+LOADED_SECONDS = 13
 DEMO_WINDOW = 300  # two and a half rotations of the default demo's 40 s slots
 DEMO_PROM = "http://127.0.0.1:19090"
+# ping beside the demo, one pair per kind of path (0.5, ~8 and ~70 ms), every 20 ms: the reference
+# for the exporters' idle RTT tails over the same idle windows.
+PING_PAIRS = (("tokyo-a", "tokyo-b"), ("tokyo-a", "osaka-a"), ("osaka-a", "singapore-a"))
 
 
 def in_src(cmd: list[str]) -> str:
@@ -159,12 +170,12 @@ def delay_line_rows(kind: str) -> list[list[str]]:
         for s in servers:
             assert s.stdout is not None and s.stdout.readline()  # ready
         line = next(p["pid"] for p in state.processes if p["what"] == "delay-line")
-        quiet = idle_path_rtts(500)
+        quiet = idle_path_rtts(IDLE_SAMPLES)
         load = ["iperf3", "-c", address(2), "-t", str(LOADED_SECONDS), "-P", "4", "-J"]
         test = subprocess.Popen(in_ns(ns("a"), load), stdout=subprocess.PIPE, text=True)
         cpu_before, user_before, started = cpu_seconds(line), cpu_seconds(line, "user"), time.monotonic()
         time.sleep(1.5)  # past slow start: the shaper's queue is full
-        loaded = idle_path_rtts(500)
+        loaded = idle_path_rtts(IDLE_SAMPLES)
         out, _ = test.communicate(timeout=LOADED_SECONDS + 30)
         took = time.monotonic() - started
         cpu_share, user_share = (
@@ -197,12 +208,15 @@ def table(title: str, head: list[str], rows: list[list[str]]) -> None:
         print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
 
 
-def demo_rows(kind: str) -> list[list[str]]:
+def demo_rows(kind: str, tails: list[list[str]] | None = None) -> list[list[str]]:
     """The default demo with `kind`'s delay line: every one-flow test on the ~74 ms paths (to and
-    from Singapore) against its prediction while the other hosts run their schedule."""
+    from Singapore) against its prediction while the other hosts run their schedule. With `tails`,
+    ping runs beside it and the idle RTT tails are appended there (idle_tail_rows)."""
     env = {**os.environ, "PATHPROBE_LAB_DELAY_LINE": kind}
-    demo = subprocess.Popen([*PATHPROBE, "demo", "--workdir", f"/var/tmp/pathprobe-bench-demo-{kind}"],
+    workdir = Path(f"/var/tmp/pathprobe-bench-demo-{kind}")
+    demo = subprocess.Popen([*PATHPROBE, "demo", "--workdir", str(workdir)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
+    pings: dict[tuple[str, str], subprocess.Popen[str]] = {}
     try:
         assert demo.stdout is not None
         for out in demo.stdout:  # bounded: the demo exits when it cannot start
@@ -210,10 +224,17 @@ def demo_rows(kind: str) -> list[list[str]]:
                 break
         state = State.load()
         assert state is not None
+        if tails is not None:
+            index = {h.name: i for i, h in enumerate(state.topo().hosts, start=1)}
+            pings = {(src, dst): subprocess.Popen(
+                in_ns(ns(src), ["ping", "-D", "-n", "-i", "0.02", "-w", str(DEMO_WINDOW), address(index[dst])]),
+                stdout=subprocess.PIPE, text=True) for src, dst in PING_PAIRS}  # fmt: skip
         line = next(p["pid"] for p in state.processes if p["what"] == "delay-line")
         cpu_before, started = cpu_seconds(line), time.monotonic()
         time.sleep(DEMO_WINDOW)
         cpu_share = (cpu_seconds(line) - cpu_before) / (time.monotonic() - started)
+        if tails is not None:
+            tails += idle_tail_rows(workdir, {pair: p.communicate(timeout=30)[0] for pair, p in pings.items()})
         sel = 'path:pathprobe_throughput_expected_ratio:last{protocol="tcp", streams="1", direction="send"}'
         tests = {}
         for fn in ("min", "max"):
@@ -222,10 +243,59 @@ def demo_rows(kind: str) -> list[list[str]]:
                 if "singapore-a" in (m["host"], m["peer"]):
                     tests.setdefault(f"{m['host']} -> {m['peer']}", {})[fn] = float(r["value"][1])
     finally:
+        for p in pings.values():
+            p.kill()
+            p.wait()
         demo.send_signal(signal.SIGINT)
         demo.communicate(timeout=120)
     return [[kind, name, f"{t['min']:.3f}", f"{t['max']:.3f}", "ok" if t["min"] >= 0.97 else "MISS", f"{cpu_share:.1%}"]
             for name, t in sorted(tests.items())]  # fmt: skip
+
+
+def idle_tail_rows(workdir: Path, pings: dict[tuple[str, str], str]) -> list[list[str]]:
+    """Per pinged pair: the exporter's idle RTT p50 and p99 (its last DEMO_WINDOW seconds, which
+    the ping ran over) and ping's, over the times when the schedule has neither host in a test (as
+    the exporter labels its samples idle), with the target's bound on p99 - p50 (10% of p50, at
+    least 0.15 ms)."""
+    rows = []
+    for (src, dst), out in pings.items():
+        cfg = config.load(workdir / f"{src}.yaml")
+        schedule, active = schedule_of(cfg), cfg.half_slot_need(with_margin=False)
+        idle = []
+        for received, ms in re.findall(r"\[([\d.]+)\].*time=([\d.]+) ms", out):
+            sent = float(received) - float(ms) / 1e3
+            if not (schedule.busy(src, sent, active) or schedule.busy(dst, sent, active)):
+                idle.append(float(ms) / 1e3)
+        found = promql.query(DEMO_PROM, f'pathprobe_rtt_seconds{{host="{src}", peer="{dst}", state="idle"}}',
+                             timeout=10)  # fmt: skip
+        measured = {(r["metric"]["protocol"], r["metric"]["quantile"]): float(r["value"][1]) for r in found}
+        for probe, (p50, p99) in {
+            **{proto: (measured[proto, "0.5"], measured[proto, "0.99"]) for proto in ("tcp", "udp")},
+            "ping": (quantile(idle, 0.5), quantile(idle, 0.99)),
+        }.items():
+            bound = max(0.1 * p50, 0.15e-3)
+            rows.append([f"{src} -> {dst}", probe, str(len(idle)) if probe == "ping" else "",
+                         f"{p50 * 1e3:.3f}", f"{p99 * 1e3:.3f}", f"{(p99 - p50) * 1e3:+.3f}", f"{bound * 1e3:.3f}",
+                         "ok" if p99 - p50 <= bound else "MISS"])  # fmt: skip
+    return rows
+
+
+def demo_table(kinds: tuple[str, ...]) -> None:
+    """The default demo with each kind of delay line: its one-flow tests; beside the compiled one's,
+    ping, and the idle tails."""
+    tails: list[list[str]] = []
+    table(
+        f"Delay line in the default demo: one-flow tests to and from Singapore (~74 ms) over {DEMO_WINDOW} s, "
+        "measured / predicted",
+        ["delay line", "path", "lowest", "highest", "within 3%", "delay line CPU (core)"],
+        [row for kind in kinds for row in demo_rows(kind, tails if kind == "compiled" else None)],
+    )
+    table(
+        f"Idle RTT in the default demo (compiled delay line) over its last {DEMO_WINDOW} s (ms): the exporter's "
+        "idle series and ping beside it, in the schedule's idle windows",
+        ["path", "probe", "idle pings", "p50", "p99", "p99 - p50", "bound", "within"],
+        tails,
+    )
 
 
 def delay_line_table() -> None:
@@ -249,21 +319,20 @@ def delay_line_table() -> None:
         ],
         rows,
     )
-    table(
-        f"Delay line in the default demo: one-flow tests to and from Singapore (~74 ms) over {DEMO_WINDOW} s, "
-        "measured / predicted",
-        ["delay line", "path", "lowest", "highest", "within 3%", "delay line CPU (core)"],
-        demo_rows("compiled") + demo_rows("python"),
-    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", choices=["delay-line"], help="run one section")
-    if parser.parse_args().only == "delay-line":
+    parser.add_argument("--only", choices=["delay-line", "demo"], help="run one section")
+    only = parser.parse_args().only
+    if only == "delay-line":
         delay_line_table()
         return 0
+    if only == "demo":
+        demo_table(("compiled",))
+        return 0
     delay_line_table()
+    demo_table(("compiled", "python"))
     net.down()
     net.up(TOPOLOGY)
     serve = subprocess.Popen(

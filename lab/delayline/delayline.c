@@ -27,7 +27,8 @@
  * Usage: pathprobe-delay-line [--control PATH] QUEUE:SECONDS [QUEUE:SECONDS ...]
  * Prints "ready" once every queue is bound. Exits 2 on bad arguments, 1 on a netlink error.
  * With --control it listens on the Unix stream socket PATH for a line "QUEUE:SECONDS ..." (the
- * delays wanted from now on) and answers "ok" or "error: WHY" once they apply: a queue not bound
+ * delays wanted from now on) and answers "ok" or "error: WHY" once they apply (a request is read
+ * with the queues: at once when nothing is held, else within LAZY_READ_NS): a queue not bound
  * yet is bound, a listed one takes its new delay for the packets it queues from then on (held
  * ones keep theirs and nothing overtakes them: a queue stays FIFO), one not listed keeps its
  * delay (the lab removes its iptables rule, so nothing more comes to it). A malformed line
