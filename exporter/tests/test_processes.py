@@ -295,7 +295,7 @@ CHILD_OF_AN_IGNORING_PARENT = """
 import os, subprocess, threading
 from pathprobe import procs, wire
 def spawn():  # from a thread, as the exporter's probes do
-    subprocess.run(["grep", "SigIgn", "/proc/self/status"], preexec_fn=procs.die_with(os.getpid()), check=True)
+    subprocess.run(procs.guarded(["grep", "SigIgn", "/proc/self/status"]), start_new_session=True, check=True)
 print(open("/proc/self/status").read().split("SigIgn:")[1].split()[0])
 t = threading.Thread(target=spawn)
 t.start()
@@ -311,3 +311,24 @@ def test_a_child_stops_on_sigint_even_when_pathprobe_was_started_with_it_ignored
     stop_mask = sum(1 << (int(s) - 1) for s in procs.STOP_SIGNALS)
     assert int(parent, 16) & stop_mask == 0b111  # HUP, INT, QUIT ignored in pathprobe
     assert int(child, 16) & stop_mask == 0, (parent, child)
+
+
+def test_a_guarded_child_runs_only_while_the_process_that_started_it_does(tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
+    argv = procs.guarded(["touch", str(ran)])
+    assert subprocess.run(argv, check=False).returncode == 0 and ran.exists()
+    ran.unlink()
+    # Run from a grandchild: its parent is not the process that asked (as if that one had died).
+    late = subprocess.run(["sh", "-c", '"$@"; exit $?', "sh", *argv], check=False)
+    assert late.returncode == 1 and not ran.exists()
+
+
+def test_a_guarded_child_that_cannot_run_is_an_oserror_before_any_fork(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="/nonexistent/iperf3"):
+        procs.guarded(["/nonexistent/iperf3", "-s"])
+    text = tmp_path / "iperf3"
+    text.write_text("echo a shell would run this\n")
+    text.chmod(0o755)
+    with pytest.raises(OSError, match="Exec format error") as err:
+        procs.guarded([str(text)])
+    assert err.value.errno == 8  # ENOEXEC, as exec reports it

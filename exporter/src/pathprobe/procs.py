@@ -6,37 +6,58 @@ kernel sends it SIGKILL, so no child outlives pathprobe. It starts with the sign
 that stop it at their defaults, whatever pathprobe inherited: a shell's `cmd &` without
 job control starts pathprobe with SIGINT and SIGQUIT ignored, a child inherits that,
 and a child that does not set its own handler would then never stop on SIGINT.
+
+Both are set by programs exec'd in front of the child (`env`, `setpriv`, `sh`), not by
+a `preexec_fn`: with one, CPython forks and runs Python in the child before exec, which
+can deadlock on a lock another thread held at the fork (the subprocess documentation
+warns of it: "The preexec_fn parameter is NOT SAFE to use in the presence of threads");
+an exporter under libfaketime hung so. Without one, the child runs no Python at all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
+import errno
 import os
+import shutil
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-PR_SET_PDEATHSIG = 1
 STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM)
-_libc = ctypes.CDLL(None, use_errno=True)
+# env's --default-signal (coreutils 8.31+) and setpriv's --pdeathsig (util-linux 2.33+).
+# A parent that died between the fork and setpriv's prctl sends no signal, hence sh's
+# check that its parent is still the one that started it ($0) before the child runs.
+_GUARD = (
+    "env", "--default-signal=" + ",".join(s.name.removeprefix("SIG") for s in STOP_SIGNALS),
+    "setpriv", "--pdeathsig", "KILL", "--",
+    "sh", "-c", '[ "$PPID" = "$0" ] || exit 1; exec "$@"',
+)  # fmt: skip
+_PROGRAM_HEADERS = (b"\x7fELF", b"#!")
 
 
-def die_with(parent: int) -> Callable[[], None]:
-    """A preexec_fn for children of `parent` (pass os.getpid()): SIGKILL when it goes (Linux),
-    and STOP_SIGNALS at their defaults. A parent that died between fork and the prctl sends
-    no signal, hence the check after."""
+def guarded(argv: list[str]) -> list[str]:
+    """`argv` to run as a child of this process: SIGKILL when this process goes, and
+    STOP_SIGNALS at their defaults. Raises OSError, as exec would, when argv[0] or a
+    program of the guard is missing, not executable, or not a program (sh would run a
+    text file without `#!` as a script)."""
+    for name in ("env", "setpriv", "sh"):
+        if shutil.which(name) is None:
+            raise FileNotFoundError(errno.ENOENT, f"{name} not found (util-linux and coreutils)", name)
+    program = shutil.which(argv[0])
+    if program is None:
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory (or not executable)", argv[0])
+    with open(program, "rb") as f:
+        if not f.read(4).startswith(_PROGRAM_HEADERS):
+            raise OSError(errno.ENOEXEC, "Exec format error", program)
+    return [*_GUARD, str(os.getpid()), program, *argv[1:]]
 
-    def preexec() -> None:
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:
-            os._exit(1)
-        for sig in STOP_SIGNALS:  # libc's: Python's signal.signal() refuses outside the main thread
-            _libc.signal(int(sig), ctypes.c_void_p(int(signal.SIG_DFL)))
 
-    return preexec
+async def start(argv: list[str], **kwargs: Any) -> asyncio.subprocess.Process:
+    """Start `argv` guarded, in its own session (see the module's docstring)."""
+    return await asyncio.create_subprocess_exec(*guarded(argv), start_new_session=True, **kwargs)
 
 
 def alive(pid: int) -> bool:

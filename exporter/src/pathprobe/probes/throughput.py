@@ -298,14 +298,12 @@ class ThroughputProber:
         """Run the test; its whole process group is killed on timeout or cancellation."""
         test = self.test
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *test.command(self.target),
+            proc = await procs.start(
+                test.command(self.target),
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 stdin=asyncio.subprocess.DEVNULL,
                 env=test.env(),
-                start_new_session=True,
-                preexec_fn=procs.die_with(os.getpid()),
             )
         except OSError as exc:  # missing, not executable, or not a program
             raise ProbeFailure("error", f"cannot run iperf3 {test.binary!r}: {exc.strerror or exc}") from exc

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import re
 import time
 from collections.abc import Callable
@@ -160,10 +159,8 @@ async def supervise(command: list[str], up: Callable[[bool], None], restarted: C
     while True:
         started = time.monotonic()
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *command, stdin=asyncio.subprocess.DEVNULL, stdout=output,
-                stderr=asyncio.subprocess.PIPE, start_new_session=True, preexec_fn=procs.die_with(os.getpid()),
-            )  # fmt: skip
+            proc = await procs.start(command, stdin=asyncio.subprocess.DEVNULL, stdout=output,
+                                     stderr=asyncio.subprocess.PIPE)  # fmt: skip
         except OSError as exc:
             log.error("cannot start iperf3 server (%s): %s", " ".join(command[:3]), exc)
             up(False)
