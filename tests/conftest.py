@@ -1,9 +1,10 @@
 """Integration tests: real namespaces, iperf3, exporters, Prometheus, Alertmanager.
 
 They need the tools that scripts/setup.sh installs; those marked `lab` also need root
-(network namespaces). There is one lab per machine: a session that selects lab tests
-takes a lock first, so that two test sessions on one machine run one after the other
-instead of tearing down each other's lab.
+(network namespaces). There is one lab per network namespace: a session that selects lab
+tests takes a lock first, so that two test sessions in one namespace run one after the other
+instead of tearing down each other's lab (scripts/isolated.sh runs one in a namespace, and
+with a lock, of its own).
 """
 
 import fcntl
@@ -16,7 +17,7 @@ import pytest
 
 from pathprobe_lab import net
 
-LOCK = pytest.StashKey[int]()  # the session's lock on the machine's one lab
+LOCK = pytest.StashKey[int]()  # the session's lock on its namespace's one lab
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

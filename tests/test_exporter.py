@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from helpers import PATHPROBE, Samples, in_host, payload_rate, scrape, start_exporter, topology, value, wait_for
+from pathprobe import procs
 from pathprobe_lab import net, shaping
 from pathprobe_lab.configs import exporter_config
 from pathprobe_lab.state import State
@@ -178,17 +179,10 @@ def test_a_peer_taken_away_becomes_counted_failures(mesh: dict) -> None:
     assert value(s, "pathprobe_iperf3_server_up") == 1
 
 
-def children(pid: int) -> set[int]:
-    found = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found |= {int(c) for c in (task / "children").read_text().split()}
-    return found
-
-
 def test_sigterm_stops_within_5s_leaving_no_child(mesh: dict) -> None:
     gamma = mesh["gamma"]
     # `ip netns exec` execs the exporter in place: the Popen pid is the exporter.
-    kids = wait_for("gamma's iperf3 server", lambda: children(gamma.pid), timeout=10)
+    kids = wait_for("gamma's iperf3 server", lambda: procs.children(gamma.pid), timeout=10)
     start = time.monotonic()
     gamma.send_signal(signal.SIGTERM)
     gamma.wait(timeout=5)

@@ -20,13 +20,6 @@ from pathprobe.responders.iperf3 import listening, wait_listening
 SERVE = [sys.executable, "-m", "pathprobe", "serve", "--listen", "127.0.0.1"]
 
 
-def children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        out += [int(c) for c in (task / "children").read_text().split()]
-    return out
-
-
 def start(ports: tuple[int, int]) -> subprocess.Popen[str]:
     rr, iperf3 = ports
     proc = subprocess.Popen(
@@ -47,7 +40,7 @@ def test_the_iperf3_server_dies_with_a_killed_serve(ports: tuple[int, int]) -> N
     try:
         assert proc.stdout is not None and "answering" in proc.stdout.readline()  # ready
         deadline = time.monotonic() + 10
-        while not (kids := children(proc.pid)) and time.monotonic() < deadline:
+        while not (kids := procs.children(proc.pid)) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert kids, "no iperf3 server started"
         # Killed as soon as the child exists: before or after it has exec'd iperf3, it must go.
@@ -192,7 +185,7 @@ def test_a_runaway_iperf3_client_ends_the_test_and_leaves_nothing(tmp_path: Path
     failure = asyncio.run(once())
     assert failure.reason == reason, failure
     assert time.monotonic() - started < 10
-    assert not children(os.getpid())
+    assert not procs.children(os.getpid())
 
 
 def test_a_server_that_writes_much_to_stderr_is_never_blocked(tmp_path: Path) -> None:

@@ -74,6 +74,15 @@ def alive(pid: int) -> bool:
         return False
 
 
+def children(pid: int) -> set[int]:
+    """The pids of `pid`'s children, from every thread's list (a thread that ends meanwhile has none)."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            found |= {int(c) for c in (task / "children").read_text().split()}
+    return found
+
+
 def stopped(pid: int) -> bool:
     """Whether `pid` is stopped (SIGSTOP, a debugger): alive, yet serving nothing."""
     try:
