@@ -2,7 +2,9 @@
 # Runs a command (root) in a network namespace and a mount namespace of its own, so that a lab
 # it brings up lives beside the machine's: its namespaces (/run/netns), state (/run/pathprobe-lab),
 # root link, routes, firewall tables, ports on 127.0.0.1, and the test session's lab lock ($TMPDIR)
-# are its own, and its `lab down` cannot see another lab. The kernel and the CPU stay shared.
+# are its own, and its `lab down` cannot see another lab. The kernel and the CPU stay shared, and so
+# does net.ipv4.tcp_allowed_congestion_control: a lab that must extend it comes up only outside.
+# It has no route out of the machine.
 #   scripts/isolated.sh CMD [ARGS...]
 set -euo pipefail
 mkdir -p /run/netns /run/pathprobe-lab

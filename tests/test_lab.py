@@ -8,6 +8,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -104,6 +105,36 @@ def test_down_cleans_up_after_a_crashed_up() -> None:
     lab("down")
     assert sleeper.wait(timeout=10) != 0
     assert root_leftovers() == []
+
+
+ISOLATED = Path(__file__).parents[1] / "scripts" / "isolated.sh"
+SECOND_LAB = """
+hosts:
+  - {name: east, region: r1}
+  - {name: west, region: r2}
+paths:
+  - {between: [east, west], one_way_delay: 3ms}
+"""
+
+
+def test_a_second_lab_in_a_namespace_of_its_own_leaves_the_machines_alone(serving: None, tmp_path: Path) -> None:
+    before = json.loads(lab("status", "--json").stdout)
+    topo = tmp_path / "second.yaml"
+    topo.write_text(SECOND_LAB)
+    # The same host names and addresses, its own router and delay line: east -> west is 6 ms there.
+    script = ('"$0" -m pathprobe lab up --topology "$1" >/dev/null && '
+              '"$0" -m pathprobe lab exec east -- ping -c 5 -i 0.2 -q 198.18.2.2; rc=$?; '
+              '"$0" -m pathprobe lab down >/dev/null; exit $rc')  # fmt: skip
+    second = subprocess.run(["bash", str(ISOLATED), "sh", "-c", script, sys.executable, str(topo)],
+                            capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert second.returncode == 0, second.stdout + second.stderr
+    avg_ms = float(re.search(r"= [\d.]+/([\d.]+)/", second.stdout)[1])  # type: ignore[index]
+    assert 5.5 < avg_ms < 9, second.stdout
+    # The machine's lab: every namespace and process still there, its own 20 ms path unchanged.
+    after = json.loads(lab("status", "--json").stdout)
+    assert after["up"] and all(h["present"] for h in after["hosts"])
+    assert [p["pid"] for p in after["processes"] if p["alive"]] == [p["pid"] for p in before["processes"]]
+    assert rtt_p50("east", 2) == pytest.approx(0.020, abs=RTT_TOLERANCE)
 
 
 def test_configured_delay_is_measured(serving: None) -> None:
