@@ -32,6 +32,7 @@ import yaml
 from pathprobe import config, promql
 from pathprobe.exporter import schedule_of
 from pathprobe_lab import net, shaping
+from pathprobe_lab.demo import idle_tail_bound
 from pathprobe_lab.state import State, in_ns, ns
 from pathprobe_lab.topology import PathSpec, Topology, address
 
@@ -255,8 +256,7 @@ def demo_rows(kind: str, tails: list[list[str]] | None = None) -> list[list[str]
 def idle_tail_rows(workdir: Path, pings: dict[tuple[str, str], str]) -> list[list[str]]:
     """Per pinged pair: the exporter's idle RTT p50 and p99 (its last DEMO_WINDOW seconds, which
     the ping ran over) and ping's, over the times when the schedule has neither host in a test (as
-    the exporter labels its samples idle), with the target's bound on p99 - p50 (10% of p50, at
-    least 0.15 ms)."""
+    the exporter labels its samples idle), with the target's bound on p99 - p50."""
     rows = []
     for (src, dst), out in pings.items():
         cfg = config.load(workdir / f"{src}.yaml")
@@ -273,7 +273,7 @@ def idle_tail_rows(workdir: Path, pings: dict[tuple[str, str], str]) -> list[lis
             **{proto: (measured[proto, "0.5"], measured[proto, "0.99"]) for proto in ("tcp", "udp")},
             "ping": (quantile(idle, 0.5), quantile(idle, 0.99)),
         }.items():
-            bound = max(0.1 * p50, 0.15e-3)
+            bound = idle_tail_bound(p50)
             rows.append([f"{src} -> {dst}", probe, str(len(idle)) if probe == "ping" else "",
                          f"{p50 * 1e3:.3f}", f"{p99 * 1e3:.3f}", f"{(p99 - p50) * 1e3:+.3f}", f"{bound * 1e3:.3f}",
                          "ok" if p99 - p50 <= bound else "MISS"])  # fmt: skip

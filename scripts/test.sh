@@ -29,15 +29,19 @@ if ! $quick; then
   # at the lowest CPU and I/O priority; a test waits for its own (tests/rootfs.py).
   nice -n 19 ionice -c 3 .venv/bin/python tests/rootfs.py > "${TMPDIR:-/tmp}/pathprobe-rootfs-build.log" 2>&1 &
 fi
-.venv/bin/ruff check exporter lab tests bench dashboards
-.venv/bin/ruff format --check exporter lab tests bench dashboards
-(cd exporter && ../.venv/bin/mypy src)
-(cd lab && ../.venv/bin/mypy src)
-(cd dashboards && ../.venv/bin/mypy --strict --ignore-missing-imports generate.py pathprobe_dashboards)
+lint() {
+  .venv/bin/ruff check conftest.py exporter lab tests bench dashboards
+  .venv/bin/ruff format --check conftest.py exporter lab tests bench dashboards
+  (cd exporter && ../.venv/bin/mypy src)
+  (cd lab && ../.venv/bin/mypy src)
+  (cd dashboards && ../.venv/bin/mypy --strict --ignore-missing-imports generate.py pathprobe_dashboards)
+}
 if $quick; then
+  lint
   if [ $# -eq 0 ]; then set -- exporter/tests tests; fi
   .venv/bin/pytest -q -m "not lab and not slow and not heavy" -n 2 --durations=15 "$@"
 elif [ $# -gt 0 ]; then  # the tests named
+  lint
   .venv/bin/pytest -v "$@"
 else
   # Two labs can run at once: scripts/isolated.sh gives one a network and mount namespace of its own,
@@ -48,28 +52,31 @@ else
   # Phase 1: the unit and render tests, two at a time at the lowest CPU priority, beside two labs:
   # the rollout chaos module (ten minutes of a lab taking changes when the schedule's slots allow,
   # which leaves most of the CPU idle) and the fire drills (seven minutes, in a namespace of their
-  # own). Once the unit tests have ended, a third lab takes the fleet's rolling change and the AWS and
-  # Transit Gateway predictions (four minutes) in the chaos module's last minutes.
+  # own). Once the unit tests have ended, a third lab takes the fleet's rolling change, the AWS and
+  # Transit Gateway predictions and the exporters' own checks (five minutes) in the chaos module's
+  # last minutes.
   .venv/bin/pytest -v --durations=5 tests/test_rollout_chaos.py > "$logs/chaos.log" 2>&1 &
   chaos=$!
+  lint > "$logs/lint.log" 2>&1 &  # lint and types meanwhile: their result comes with the labs'
+  linted=$!
   bash scripts/isolated.sh .venv/bin/pytest -v -m lab --durations=5 tests/test_alerts.py > "$logs/drills.log" 2>&1 &
   drills=$!
   unit=0
   nice -n 19 .venv/bin/pytest -v -m "not lab and not slow and not alone" -n 2 --durations=20 exporter/tests tests ||
     unit=$?
-  third=(tests/test_fleet_lab.py tests/test_aws_lab.py tests/test_tgw_lab.py)
+  third=(tests/test_fleet_lab.py tests/test_aws_lab.py tests/test_tgw_lab.py tests/test_exporter.py)
   bash scripts/isolated.sh .venv/bin/pytest -v -m lab --durations=10 "${third[@]}" > "$logs/third.log" 2>&1 &
   later=$!
-  ended chaos "$chaos" drills "$drills" third "$later"
+  ended lint "$linted" chaos "$chaos" drills "$drills" third "$later"
   if [ "$unit" -ne 0 ]; then exit "$unit"; fi
   # Phase 2: the default demo's ten silent minutes, alone: its idle RTT tails are bounded within 0.15 ms.
   silent=tests/test_demo.py::test_the_default_demo_fills_prometheus_for_every_path_stays_silent_then_cleans_up
   .venv/bin/pytest -v --durations=5 "$silent"
-  # Phase 3: the other lab modules and the slow test, in two sessions at once (about eight minutes each).
+  # Phase 3: the other lab modules and the slow test, in two sessions at once (about six minutes each).
   # The rules over a 1,000-host fleet (more than a core) start beside the Ansible deployment, which stays
   # in this namespace: its controller builds the exporter's wheel with build dependencies from PyPI.
-  isolated=(tests/test_culprits.py tests/test_exporter.py tests/test_paths.py tests/test_capacity_lab.py
-    tests/test_owd_lab.py tests/test_firewall.py)
+  isolated=(tests/test_culprits.py tests/test_paths.py tests/test_capacity_lab.py tests/test_owd_lab.py
+    tests/test_firewall.py tests/test_iperf3_admission.py)
   bash scripts/isolated.sh .venv/bin/pytest -v -m "lab or slow" --durations=10 "${isolated[@]}" \
     > "$logs/isolated.log" 2>&1 &
   side=$!

@@ -22,7 +22,7 @@ from pathprobe import procs, promql
 from pathprobe.monitoring import rules
 from pathprobe_lab import topology
 from pathprobe_lab.configs import LAB_CLOCK_ERROR_BOUND, lab_alert_params, rotation_seconds
-from pathprobe_lab.demo import SLOT_SECONDS
+from pathprobe_lab.demo import SLOT_SECONDS, idle_tail_bound
 from pathprobe_lab.state import PREFIX, STATE_DIR, State
 
 pytestmark = pytest.mark.lab
@@ -228,8 +228,7 @@ def steal_per_poll(polls: list[tuple[float, list[int]]]) -> str:
 
 def idle_rtt_tails() -> dict[tuple[str, str, str], tuple[float, float, float]]:
     """Idle RTT tails as tight as the path: every idle series (all 24) with its p50, its p99 and how far
-    above p50 its p99 may be: 10% of p50, or 0.15 ms on the sub-millisecond paths (where 10% is less
-    than a scheduler's wake-up)."""
+    above p50 its p99 may be (`idle_tail_bound`)."""
 
     def by_series(q: str) -> dict[tuple[str, str, str], float]:
         found = query(f'pathprobe_rtt_seconds{{state="idle", quantile="{q}"}}')
@@ -239,7 +238,7 @@ def idle_rtt_tails() -> dict[tuple[str, str, str], tuple[float, float, float]]:
 
     p50, p99 = by_series("0.5"), by_series("0.99")
     assert len(p50) == 24, p50  # 12 paths, TCP and UDP
-    return {k: (p50[k], p99[k], max(0.1 * p50[k], 0.00015)) for k in p50}
+    return {k: (p50[k], p99[k], idle_tail_bound(p50[k])) for k in p50}
 
 
 def check_capacity_review() -> None:

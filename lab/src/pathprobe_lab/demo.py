@@ -38,6 +38,13 @@ WEBHOOK_PORT = 19099
 SLOT_SECONDS = 40.0
 
 
+def idle_tail_bound(p50: float) -> float:
+    """How far above its p50 an idle RTT series' p99 may be in the demo for the lab to count as
+    quiet: 10% of p50, or 0.15 ms on the sub-millisecond paths (where 10% is less than a
+    scheduler's wake-up). The demo test asserts it; bench/lab_fidelity.py prints it beside ping."""
+    return max(0.1 * p50, 0.15e-3)
+
+
 def binary(*names: str) -> str:
     for name in names:
         path = shutil.which(name)
