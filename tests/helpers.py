@@ -40,6 +40,19 @@ hosts:
   - {name: c2, region: r3}
 """)
 
+
+def east_west(one_way_delay: str) -> str:
+    """A topology file's text: hosts east and west in two regions, the path between them with that
+    one-way delay (test_paths.py, and test_lab.py's second lab)."""
+    return f"""
+hosts:
+  - {{name: east, region: r1}}
+  - {{name: west, region: r2}}
+paths:
+  - {{between: [east, west], one_way_delay: {one_way_delay}}}
+"""
+
+
 # A server, one peer of it and a stranger: who may reach the server's iperf3 (test_firewall.py,
 # test_iperf3_admission.py). The server is the second host.
 PEER_SERVER_STRANGER = topology("""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PATHPROBE, in_host, payload_rate, root_leftovers, topology, wait_for
+from helpers import PATHPROBE, east_west, in_host, payload_rate, root_leftovers, topology, wait_for
 from pathprobe import procs
 from pathprobe_lab import shaping
 from pathprobe_lab.state import ROUTER, STATE_DIR, State, in_ns, ns
@@ -108,13 +108,7 @@ def test_down_cleans_up_after_a_crashed_up() -> None:
 
 
 ISOLATED = Path(__file__).parents[1] / "scripts" / "isolated.sh"
-SECOND_LAB = """
-hosts:
-  - {name: east, region: r1}
-  - {name: west, region: r2}
-paths:
-  - {between: [east, west], one_way_delay: 3ms}
-"""
+SECOND_LAB = east_west("3ms")
 
 
 def test_a_second_lab_in_a_namespace_of_its_own_leaves_the_machines_alone(serving: None, tmp_path: Path) -> None:

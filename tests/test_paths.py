@@ -11,18 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PATHPROBE, clear_router_nft, in_host, router_nft, wait_for
+from helpers import PATHPROBE, clear_router_nft, east_west, in_host, router_nft, wait_for
 from pathprobe import procs
 
 pytestmark = pytest.mark.lab
 
-TOPOLOGY = """
-hosts:
-  - {name: east, region: r1}
-  - {name: west, region: r2}
-paths:
-  - {between: [east, west], one_way_delay: 2ms}
-"""
+TOPOLOGY = east_west("2ms")
 EAST, WEST = "198.18.1.2", "198.18.2.2"  # the lab's addresses of its first and second host
 PORT = 9470
 ROUTER, WEST_ROUTER_LINK = "pp-router", "r2"  # the router namespace, and its side of west's link
