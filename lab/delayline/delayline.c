@@ -132,6 +132,15 @@ static uint64_t clock_ns(clockid_t clock)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* The monotonic and the real-time clock now, the real one read first: a pause between the two reads
+ * (an interrupt, a VM's stolen time: tens of microseconds, now and then) then makes a hold count
+ * from a later monotonic time and end late by it, never early (in the other order it ended early). */
+static void clock_pair(uint64_t *mono, uint64_t *real)
+{
+	*real = clock_ns(CLOCK_REALTIME);
+	*mono = clock_ns(CLOCK_MONOTONIC);
+}
+
 static uint64_t head_due(const struct path *p)
 {
 	return p->ring[p->head].due_ns;
@@ -234,7 +243,8 @@ static bool read_queue(struct path *p)
 			return false;
 		die("recvmmsg");
 	}
-	uint64_t now_mono = clock_ns(CLOCK_MONOTONIC), now_real = clock_ns(CLOCK_REALTIME);
+	uint64_t now_mono, now_real;
+	clock_pair(&now_mono, &now_real);
 	for (int k = 0; k < n; k++) {
 		int len = (int)msgs[k].msg_len;
 		for (const struct nlmsghdr *nlh = (const struct nlmsghdr *)bufs[k]; mnl_nlmsg_ok(nlh, len);
@@ -351,7 +361,8 @@ static int bind_queue(struct path *p)
 		int len = (int)mnl_socket_recvfrom(p->nl, buf, sizeof(buf));
 		if (len < 0)
 			die("waiting for a queue's ack");
-		uint64_t now_mono = clock_ns(CLOCK_MONOTONIC), now_real = clock_ns(CLOCK_REALTIME);
+		uint64_t now_mono, now_real;
+		clock_pair(&now_mono, &now_real);
 		for (nlh = (struct nlmsghdr *)buf; mnl_nlmsg_ok(nlh, len); nlh = mnl_nlmsg_next(nlh, &len)) {
 			if (nlh->nlmsg_type == NLMSG_ERROR && nlh->nlmsg_seq == 1) {
 				const struct nlmsgerr *err = mnl_nlmsg_get_payload(nlh);

@@ -79,6 +79,13 @@ def _msg(msg_type: int, queue: int, attrs: bytes, flags: int = NLM_F_REQUEST, se
     return NLMSGHDR.pack(NLMSGHDR.size + len(body), (NFNL_SUBSYS_QUEUE << 8) | msg_type, flags, seq, 0) + body
 
 
+def _clocks() -> tuple[float, float]:
+    """The real-time and the monotonic clock, after the messages they date were read, the real one
+    first: a pause between the reads makes a hold end late by it, never early (as delayline.c)."""
+    real = time.time()
+    return real, time.monotonic()
+
+
 class DelayLine:
     def __init__(self, delays: dict[int, float], maxlen: int = 65536):
         self.delays = delays
@@ -105,15 +112,16 @@ class DelayLine:
         self.sock.send(_msg(NFQNL_MSG_CONFIG, queue, attrs, NLM_F_REQUEST | NLM_F_ACK, seq))
         while True:  # wait for this request's ack; packets may already be arriving
             data = self.sock.recv(65536)
+            real, now = _clocks()
             for msg_type, mseq, payload in _messages(data):
                 if msg_type == NLMSG_ERROR and mseq == seq:
                     err = -struct.unpack_from("=i", payload)[0]
                     if err:
                         raise OSError(err, f"binding NFQUEUE {queue}: {os.strerror(err)}")
                     return
-                self._on_message(msg_type, payload, time.monotonic())
+                self._on_message(msg_type, payload, now, real)
 
-    def _on_message(self, msg_type: int, payload: bytes, now: float) -> None:
+    def _on_message(self, msg_type: int, payload: bytes, now: float, real: float) -> None:
         if msg_type != (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET:
             return
         queue = socket.ntohs(NFGENMSG.unpack_from(payload)[2])
@@ -129,7 +137,7 @@ class DelayLine:
                 packet_id = struct.unpack_from("!I", payload, pos + NLATTR.size)[0]
             elif kind & 0x7FFF == NFQA_TIMESTAMP:
                 sec, usec = TIMESTAMP.unpack_from(payload, pos + NLATTR.size)
-                waited = time.time() - sec - usec / 1e6
+                waited = real - sec - usec / 1e6
             pos += (length + 3) & ~3
         if held is not None and packet_id is not None:
             # The packet's delay runs from when the kernel queued it, not from when this
@@ -162,14 +170,14 @@ class DelayLine:
             timeout = None if wait is None else max(0.0, wait - SPIN_SECONDS) if wait > SPIN_SECONDS else 0.0
             readable, _, _ = select.select([self.sock], [], [], timeout)
             if readable:
-                now = time.monotonic()
                 while True:
                     try:
                         data = self.sock.recv(2**20)
                     except BlockingIOError:
                         break
+                    real, now = _clocks()
                     for msg_type, _, payload in _messages(data):
-                        self._on_message(msg_type, payload, now)
+                        self._on_message(msg_type, payload, now, real)
             wait = self._release(time.monotonic())
 
 
