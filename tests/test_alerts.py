@@ -24,7 +24,7 @@ from pathprobe import promql
 from pathprobe.monitoring import params, rules
 from pathprobe_lab import demo, net, shaping
 from pathprobe_lab.configs import METRICS_PORT, exporter_config, lab_alert_params, rotation_seconds
-from pathprobe_lab.state import ROUTER, State
+from pathprobe_lab.state import ROUTER, State, in_ns
 from pathprobe_lab.topology import PathSpec, Topology, address
 
 ALERTS = Path(__file__).parents[1] / "alerts"
@@ -372,15 +372,23 @@ def ecmp_drill(lab: Lab) -> str:
     src_address, dst_address = metrics_address(src).split(":")[0], metrics_address(dst).split(":")[0]
 
     def ports() -> list[int] | None:
+        # Exactly the echo prober's 8: the MTU prober's socket to the same port comes and goes (one a
+        # probe), and with it among them the flow picked below could be that one, dropping nothing.
         out = in_host(src, ["ss", "-uanH", "dst", f"{dst_address}:9470"]).stdout
         found = sorted({int(line.split()[3].rsplit(":", 1)[1]) for line in out.splitlines() if line.strip()})
-        return found if len(found) >= 8 else None
+        return found if len(found) == 8 else None
 
     victim = wait_for("the echo flows", ports, timeout=30)[3]
 
+    def dropped() -> bool:
+        listed = subprocess.run(in_ns(ROUTER, ["nft", "list", "table", "inet", "ecmp"]),
+                                capture_output=True, text=True, check=True).stdout  # fmt: skip
+        return int(re.search(r"counter packets (\d+)", listed)[1]) > 0  # type: ignore[index]
+
     def impair() -> None:
         router_nft(f"table inet ecmp {{\n chain member {{\n type filter hook forward priority 0\n"
-                   f" ip saddr {src_address} udp sport {victim} drop\n }}\n}}\n")  # fmt: skip
+                   f" ip saddr {src_address} udp sport {victim} counter drop\n }}\n}}\n")  # fmt: skip
+        wait_for(f"the flow from port {victim} dropped", dropped, timeout=10)  # a packet each 0.4 s
 
     def undo() -> None:
         clear_router_nft("ecmp")

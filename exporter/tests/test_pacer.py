@@ -2,11 +2,15 @@
 
 import asyncio
 import math
+import socket
+import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
+from pathprobe import stamps
 from pathprobe.probes.base import PACE_SECONDS, Pacer
 
 
@@ -123,3 +127,79 @@ def test_a_loop_has_one_pacer() -> None:
 
     assert asyncio.run(main())
     assert asyncio.run(main())  # and a new loop a new one (the old one's is forgotten with it)
+
+
+def test_datagrams_are_read_on_the_senders_passes_not_as_each_arrives() -> None:
+    """Twenty datagrams arriving 7 ms apart (as a mesh's answers come back, each path its own length)
+    while a sender sends every 0.1 s: all are read, each on one of the sender's passes (none on a pass
+    of its own), after the kernel stamped its arrival."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock, \
+         socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:  # fmt: skip
+        sock.bind(("127.0.0.1", 0))
+        sock.setblocking(False)
+        stamps.enable(sock)
+
+        def answers() -> None:
+            for i in range(20):
+                time.sleep(0.007)
+                peer.sendto(bytes([i]), sock.getsockname())
+
+        async def main() -> tuple[list[int], int, list[tuple[int, int, int]]]:
+            loop = asyncio.get_running_loop()
+            pacer, now = Pacer.of(loop), passes(loop)
+            sent_in: list[int] = []
+            read: list[tuple[int, int, int]] = []  # (pass, arrival stamp, read time), ns
+
+            def take() -> None:
+                _, ancdata, _, _ = sock.recvmsg(16, stamps.CMSG_SPACE)
+                arrived = stamps.kernel_time(ancdata)
+                assert arrived is not None
+                read.append((now(), arrived, time.time_ns()))
+
+            pacer.read_on_grid(sock, take)
+            answering = threading.Thread(target=answers)
+            answering.start()
+            await pacer.repeat(0.1, lambda: sent_in.append(now()), count=5)
+            await asyncio.to_thread(answering.join)
+            last = now()
+            pacer.read_ready()  # what came after the last send (a slow machine's)
+            pacer.stop_reading(sock)
+            return sent_in, last, read
+
+        sent_in, last, read = asyncio.run(main())
+    assert len(read) == 20
+    read_in = [p for p, _, _ in read]
+    assert set(read_in) <= {*sent_in, last}, (sent_in, last, read_in)
+    assert all(arrived <= taken for _, arrived, taken in read)
+
+
+def test_a_reader_that_raises_is_logged_and_the_other_sockets_are_read() -> None:
+    with (
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as bad,
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as good,
+    ):
+        for sock in (bad, good):
+            sock.bind(("127.0.0.1", 0))
+            sock.setblocking(False)
+            sock.sendto(b"x", sock.getsockname())
+
+        async def main() -> tuple[list[bytes], list[dict[str, Any]]]:
+            loop = asyncio.get_running_loop()
+            logged: list[dict[str, Any]] = []
+            loop.set_exception_handler(lambda _, context: logged.append(context))
+            pacer, got = Pacer.of(loop), []
+
+            def broken() -> None:
+                bad.recv(16)
+                raise RuntimeError("a prober's bug")
+
+            pacer.read_on_grid(bad, broken)
+            pacer.read_on_grid(good, lambda: got.append(good.recv(16)))
+            await pacer.repeat(PACE_SECONDS, lambda: None, count=2)
+            pacer.stop_reading(bad)
+            pacer.stop_reading(good)
+            return got, logged
+
+        got, logged = asyncio.run(main())
+    assert got == [b"x"]
+    assert [str(c["exception"]) for c in logged] == ["a prober's bug"]

@@ -16,6 +16,8 @@ import errno
 import heapq
 import itertools
 import math
+import select
+import socket
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -38,6 +40,8 @@ BACKOFF_SECONDS = 1.0
 # pass each. bench/exporter_bench.py --cost: 250 wake-ups a second at phases spread over the
 # interval (as after reloads and back-offs) cost 1.2-2.4% of a core one by one, 0.5-0.6% on the grid.
 PACE_SECONDS = 0.05
+# At most this many datagrams a socket read on the grid in a pass: a flood on one cannot hold the loop.
+READ_ROUNDS_MOST = 64
 
 
 async def sleep_until(due: float, interval: float) -> None:
@@ -65,13 +69,15 @@ class Pacer:
     `send()` is called every `interval` seconds on the PACE_SECONDS grid (as sleep_until
     rounds), and the sends of every sender due in a step are made in one timer callback. A task
     per sender woke for each send (a task step and a future each): bench/exporter_bench.py --cost
-    compares the two."""
+    compares the two. The answers to those sends are read on the same passes (read_on_grid)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._queue: list[tuple[float, int, _Sender]] = []  # a heap: (when due on the grid, order, sender)
         self._order = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
+        self._readable: select.epoll | None = None  # the sockets read on the grid, once there are any
+        self._readers: dict[int, Callable[[], None]] = {}  # their file descriptors -> what reads each
 
     @classmethod
     def of(cls, loop: asyncio.AbstractEventLoop) -> Pacer:
@@ -111,9 +117,44 @@ class Pacer:
             self._timer.cancel()
         self._timer = self._loop.call_at(first, self._fire)
 
+    def read_on_grid(self, sock: socket.socket, read: Callable[[], None]) -> None:
+        """Call `read` on each pass of the grid, before its sends, while `sock` has a datagram or an
+        error to read, until stop_reading(sock): the answers of a mesh's paths (each its own length)
+        come back apart, and a wake-up of the loop for each cost more than the answer's handling
+        (bench/exporter_bench.py --cost). Only for datagrams that carry their kernel's arrival stamp,
+        so that the wait (at most the shortest send interval) is in no measurement."""
+        if self._readable is None:
+            self._readable = select.epoll()
+        self._readable.register(sock.fileno(), select.EPOLLIN)  # EPOLLERR always
+        self._readers[sock.fileno()] = read
+
+    def stop_reading(self, sock: socket.socket) -> None:
+        """No more reads of `sock` (before it is closed: its number is then another socket's)."""
+        if self._readers.pop(sock.fileno(), None) is not None and self._readable is not None:
+            self._readable.unregister(sock.fileno())
+
+    def read_ready(self) -> None:
+        """Each socket of read_on_grid that has something to read, read now: a `read` takes one
+        datagram (a socket rarely holds two), and those still ready are read again, in rounds."""
+        if self._readable is None:
+            return
+        for _ in range(READ_ROUNDS_MOST):
+            ready = self._readable.poll(0)
+            if not ready:
+                return
+            for fd, _ in ready:
+                read = self._readers.get(fd)
+                if read is None:
+                    continue
+                try:
+                    read()
+                except Exception as exc:  # a prober's bug: logged as the loop logs a reader's; the others read on
+                    self._loop.call_exception_handler({"message": "reading on the grid", "exception": exc})
+
     def _fire(self) -> None:
         assert self._timer is not None
         fired_at, self._timer = self._timer.when(), None
+        self.read_ready()  # the answers first: what timed out is expired by the sends below
         now = self._loop.time()
         until, again = max(now, fired_at), []
         while self._queue and self._queue[0][0] <= until:

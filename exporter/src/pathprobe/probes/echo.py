@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from .. import stamps, wire
 from ..config import LossSettings
-from .base import BACKOFF_SECONDS, EchoSink, FlowHealth, OneWay, Pacer, Target, reason_of_oserror
+from .base import BACKOFF_SECONDS, PACE_SECONDS, EchoSink, FlowHealth, OneWay, Pacer, Target, reason_of_oserror
 
 # At most this often: the loss totals and the flows' health go to the sink (_account), and the held
 # echoes are looked at for an overdue follow-up (_expire).
@@ -119,8 +119,9 @@ class EchoProber:
                     self._sent_ns[seq] = when
 
     def _read(self, sock: socket.socket, flow: int) -> None:
-        """One datagram per wake-up: a flow's socket rarely holds two (the loop wakes again if so),
-        and a read that finds it empty costs a system call and an exception."""
+        """One datagram a call, on the pacer's grid (Pacer.read_on_grid): a flow's socket rarely holds
+        two (the pacer reads it again if so), and a read that finds it empty costs a system call and
+        an exception. The arrival is the kernel's stamp, not this read's time."""
         if self._flows[flow].stamps:  # a stamp not taken at its send: first, as an echo read below may answer it
             self._take_sent_stamps(sock, flow)
         try:
@@ -222,8 +223,9 @@ class EchoProber:
         took_ns, answered_ns = wire.ECHO_CLOCKS.unpack_from(echo, wire.ECHO_CLOCKS_OFFSET)
         if took_ns == 0:
             return None
-        # The offset as NTP's on-wire method takes it, from clock reads (as it always was here).
-        offset, delay = stamps.clock_offset(sent_ns, took_ns, answered_ns, time.time_ns())
+        # The offset as NTP's on-wire method takes it, from this host's send and arrival stamps (the
+        # kernel's where the sockets give them, not this read's time: the grid's wait is in neither).
+        offset, delay = stamps.clock_offset(sent_ns, took_ns, answered_ns, arrived_ns)
         best_delay, best_offset = self._offsets.add(delay, offset)
         if best_offset != self._offset:
             self._offset = best_offset
@@ -346,20 +348,22 @@ class EchoProber:
         a socket that cannot be opened (e.g. no route yet) is reported, then retried
         after a back-off; a one-shot run (`count`) then ends."""
         loop = asyncio.get_running_loop()
+        pacer = Pacer.of(loop)
         while (socks := self._open()) is None:
             if count is not None:
                 return
             await asyncio.sleep(BACKOFF_SECONDS)
         for flow, sock in enumerate(socks):
-            loop.add_reader(sock.fileno(), self._read, sock, flow)
+            pacer.read_on_grid(sock, functools.partial(self._read, sock, flow))
         try:
-            await Pacer.of(loop).repeat(1 / self.settings.rate_pps, functools.partial(self._send, socks), count)
-            # One-shot: wait for the last echoes, then count what is missing as lost.
+            await pacer.repeat(1 / self.settings.rate_pps, functools.partial(self._send, socks), count)
+            # One-shot: wait for the last echoes (no sends now: read here), then count what is missing as lost.
             deadline = loop.time() + self.settings.timeout_seconds
             while self._outstanding and loop.time() < deadline:
-                await asyncio.sleep(min(0.05, self.settings.timeout_seconds))
+                await asyncio.sleep(min(PACE_SECONDS, self.settings.timeout_seconds))
+                pacer.read_ready()
             self._expire(time.perf_counter(), everything=True)
         finally:
             for sock in socks:
-                loop.remove_reader(sock.fileno())
+                pacer.stop_reading(sock)
                 sock.close()
