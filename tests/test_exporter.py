@@ -13,6 +13,7 @@ import pytest
 
 from helpers import PATHPROBE, Samples, in_host, payload_rate, scrape, start_exporter, topology, value, wait_for
 from pathprobe import procs
+from pathprobe.config import RttSettings
 from pathprobe_lab import net, shaping
 from pathprobe_lab.configs import exporter_config
 from pathprobe_lab.state import State
@@ -169,15 +170,16 @@ def test_a_peer_taken_away_becomes_counted_failures(mesh: dict) -> None:
         return statistics.median(took), s
 
     before = failures()
-    with_beta, _ = typical_scrape()
     beta = mesh["beta"]
     beta.send_signal(signal.SIGTERM)
     beta.wait(timeout=10)
     wait_for("failed RTT probes to beta", lambda: failures() >= before + 3, timeout=30)
-    # /metrics keeps answering as fast as with beta up (a scrape that waited on a probe to beta
-    # would take its timeout, seconds): the ratio of the two, in this run, not a wall-clock ceiling.
-    without_beta, s = typical_scrape()
-    assert without_beta < 3 * with_beta, (without_beta, with_beta)
+    # /metrics answers without waiting on a probe to beta: such a scrape would take at least the RTT
+    # probe's timeout. Not against scrapes with beta up: beta's refusals (500 echoes a second, each an
+    # ICMP error) and the labs beside this one change the machine's load between the two (3.3 times
+    # slower at the median, twice, with a lab of light modules beside it).
+    scraped_in, s = typical_scrape()
+    assert scraped_in < RttSettings().timeout_seconds / 10, scraped_in  # the mesh's RTT timeout: the default
     assert value(s, "pathprobe_iperf3_server_up") == 1
 
 

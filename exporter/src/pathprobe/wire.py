@@ -20,7 +20,7 @@ hold time and count filled in, or a short b"PPUN" + sequence to a source it does
 allow (never larger than the request, so it cannot amplify). A responder that leaves
 the count at zero (an older version) only loses the per-direction split. When the
 request has room (52 bytes or more), the responder also writes its wall clock (u64 ns)
-as the request arrived (the kernel's stamp) and as it answered into the padding's first 16 bytes: the
+as it took the request and as it answered into the padding's first 16 bytes: the
 prober's offset to the responder's clock (NTP's on-wire method, RFC 5905 section 8);
 an older responder leaves them zero. With room for 8 more (60 bytes or more), it writes its
 clock error bound (u64 ns, zero when it knows none: clock.py) after them. With the prober's own
@@ -59,7 +59,7 @@ MAX_STRETCH_NS = 1_000_000_000
 ECHO_HEADER = struct.Struct("!4sQQQQ")
 ECHO_HOLD_OFFSET = 20
 ECHO_REFLECTED = struct.Struct("!QQ")  # hold time, received count: what the responder fills in
-ECHO_CLOCKS = struct.Struct("!QQ")  # the responder's wall clock as the request arrived, as it answered
+ECHO_CLOCKS = struct.Struct("!QQ")  # the responder's wall clock as it took the request, as it answered
 ECHO_CLOCKS_OFFSET = ECHO_HEADER.size
 ECHO_BOUND = struct.Struct("!Q")  # the responder's clock error bound, ns (0: unknown)
 ECHO_BOUND_OFFSET = ECHO_CLOCKS_OFFSET + ECHO_CLOCKS.size

@@ -223,9 +223,11 @@ class EchoProber:
         took_ns, answered_ns = wire.ECHO_CLOCKS.unpack_from(echo, wire.ECHO_CLOCKS_OFFSET)
         if took_ns == 0:
             return None
-        # The offset as NTP's on-wire method takes it, from this host's send and arrival stamps (the
-        # kernel's where the sockets give them, not this read's time: the grid's wait is in neither).
-        offset, delay = stamps.clock_offset(sent_ns, took_ns, answered_ns, arrived_ns)
+        # The offset as NTP's on-wire method takes it, from clock reads, at both ends as the process
+        # reads its clock (what a skewed clock, or the lab's libfaketime, moves). This read waits for
+        # the pacer's pass (Pacer.read_on_grid): that wait adds to the exchange's delay, and the
+        # least-delayed of OFFSET_SAMPLES exchanges, the one taken, is one read soon after it arrived.
+        offset, delay = stamps.clock_offset(sent_ns, took_ns, answered_ns, time.time_ns())
         best_delay, best_offset = self._offsets.add(delay, offset)
         if best_offset != self._offset:
             self._offset = best_offset

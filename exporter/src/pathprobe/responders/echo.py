@@ -50,9 +50,7 @@ class EchoResponder:
 
     def datagram_received(self, data: bytes, addr: tuple[str, int], arrived_ns: int | None = None,
                           tos: int | None = None) -> None:  # fmt: skip
-        # The request's arrival for the prober's clock offset: the kernel's stamp, as the prober's own
-        # send and arrival stamps are (a clock read here would add this read's wake-up to it).
-        took_ns = arrived_ns or time.time_ns()
+        took_ns = time.time_ns()
         if data[:4] != wire.ECHO_MAGIC or len(data) < wire.ECHO_HEADER.size:
             self.count("malformed")
             return
