@@ -116,6 +116,27 @@ def test_the_least_delayed_echo_gives_the_clock_offset() -> None:
     assert offsets[0] == pytest.approx(0.25, abs=0.01)
 
 
+def test_an_answer_read_late_gives_the_offset_of_its_arrival() -> None:
+    """An answer read 80 ms after it arrived (it waited for the pacer's pass): with the kernel's
+    transmit and receive stamps, the offset is that of the exchange, not of the read; without a
+    transmit stamp, the read's clock is all there is (the wait shows as half of it, as before)."""
+    for kernel_stamped, expected in ((True, 0.005), (False, 0.005 - 0.040)):
+        offsets: list[float] = []
+        c, _ = client()
+        c.sink.clock_offset = offsets.append  # type: ignore[method-assign]
+        now_ns = time.time_ns()
+        read_sent = now_ns - 100_000_000  # sent 100 ms ago; the kernel stamped it 10 us later
+        send(c, 0, time.perf_counter() - 0.1)
+        if kernel_stamped:
+            c._sent_ns[0] = read_sent + 10_000
+        took = read_sent + 10_000 + 10_000_000 + 5_000_000  # 10 ms out, on a clock 5 ms ahead
+        echo = bytearray(packet(0, 64, read_sent))
+        ECHO_CLOCKS.pack_into(echo, ECHO_CLOCKS_OFFSET, took, took + 100_000)  # answered 0.1 ms later
+        arrived = read_sent + 10_000 + 20_100_000  # 10 ms back: here 80 ms before this read
+        c.datagram_received(bytes(echo), ("198.18.1.2", 9470), arrived_ns=arrived)
+        assert offsets == [pytest.approx(expected, abs=0.002)], kernel_stamped
+
+
 @given(st.lists(st.floats(min_value=0, max_value=1, allow_nan=False), max_size=300), st.integers(1, 70))
 def test_the_least_delayed_of_a_sliding_window_is_the_windows_minimum(delays: list[float], size: int) -> None:
     window = LeastDelayed(size)

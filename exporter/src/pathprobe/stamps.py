@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from collections import OrderedDict
 from typing import Generic, TypeVar
 
@@ -115,6 +116,18 @@ def sent_time(read_ns: int, kernel_ns: int | None, arrived_ns: int) -> int:
     the clock read before send() and the answer (a stamp matched to the wrong send cannot),
     else that clock read."""
     return kernel_ns if kernel_ns is not None and read_ns <= kernel_ns <= arrived_ns else read_ns
+
+
+def arrival_on_clock(read_ns: int, kernel_ns: int | None, arrived_ns: int, elapsed: float) -> int:
+    """An answer's arrival on this process's clock, for a clock offset (which compares the clocks
+    processes read: a skewed one, as the lab's libfaketime makes, moves those reads, not the kernel's
+    stamps): the clock read before its send plus the round trip between the kernel's transmit and
+    receive stamps, when those fit within `elapsed` (the monotonic seconds since the send, the wait
+    to read the answer included: a stamp of another send cannot); else the clock read now, late by
+    that wait."""
+    if kernel_ns is not None and 0 < arrived_ns - kernel_ns <= elapsed * 1e9:
+        return read_ns + (arrived_ns - kernel_ns)
+    return time.time_ns()
 
 
 def kernel_time(ancdata: list[tuple[int, int, bytes]]) -> int | None:

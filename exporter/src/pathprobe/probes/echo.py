@@ -149,9 +149,10 @@ class EchoProber:
             return
         if data[:4] != wire.ECHO_MAGIC or len(data) < wire.ECHO_HEADER.size:
             return
-        _, seq, sent_ns, hold_ns, reflected = wire.ECHO_HEADER.unpack_from(data)
+        _, seq, read_sent_ns, hold_ns, reflected = wire.ECHO_HEADER.unpack_from(data)
         outstanding = self._outstanding.pop(seq, None)
-        sent_ns = stamps.sent_time(sent_ns, self._sent_ns.pop(seq, None), arrived_ns)
+        kernel_sent_ns = self._sent_ns.pop(seq, None)
+        sent_ns = stamps.sent_time(read_sent_ns, kernel_sent_ns, arrived_ns)
         if outstanding is None:
             if seq in self._answered:
                 self.sink.duplicate()
@@ -169,7 +170,8 @@ class EchoProber:
         self._newest = max(self._newest, seq)
         self._remember(self._answered, seq)
         rtt = stamps.network_rtt(sent_ns, arrived_ns, now - sent_at, hold_ns)
-        sample = _Sample(seq, now, rtt, self._clocks(sent_ns, arrived_ns, hold_ns, data))
+        on_clock = (read_sent_ns, stamps.arrival_on_clock(read_sent_ns, kernel_sent_ns, arrived_ns, now - sent_at))
+        sample = _Sample(seq, now, rtt, self._clocks(sent_ns, arrived_ns, hold_ns, data, on_clock))
         if len(data) >= wire.ECHO_MARK_OFFSET + wire.ECHO_MARK.size:
             read, forward = wire.ECHO_MARK.unpack_from(data, wire.ECHO_MARK_OFFSET)
             if read:
@@ -212,22 +214,24 @@ class EchoProber:
                 self._observe(f.held, 0.0)
                 f.held = None
 
-    def _clocks(self, sent_ns: int, arrived_ns: int, hold_ns: int, echo: bytes) -> OneWay | None:
+    def _clocks(self, sent_ns: int, arrived_ns: int, hold_ns: int, echo: bytes, on_clock: tuple[int, int]
+                ) -> OneWay | None:  # fmt: skip
         """From an echo's stamps, when its responder stamps (wire.py): the peer's clock offset (to
         the sink now), and each direction's delay (returned, with the peer's bound and how far apart
         the clocks are at least): out, to the request's arrival there (its answer's stamp less the
         hold, which starts at the kernel's arrival stamp); back, from the answer's stamp. This
-        host's send and arrival stamps are the kernel's where the sockets give them."""
+        host's send and arrival stamps are the kernel's where the sockets give them; `on_clock`: the
+        send and the arrival on the clock this process reads, for the offset."""
         if len(echo) < wire.ECHO_CLOCKS_OFFSET + wire.ECHO_CLOCKS.size:
             return None
         took_ns, answered_ns = wire.ECHO_CLOCKS.unpack_from(echo, wire.ECHO_CLOCKS_OFFSET)
         if took_ns == 0:
             return None
-        # The offset as NTP's on-wire method takes it, from clock reads, at both ends as the process
-        # reads its clock (what a skewed clock, or the lab's libfaketime, moves). This read waits for
-        # the pacer's pass (Pacer.read_on_grid): that wait adds to the exchange's delay, and the
-        # least-delayed of OFFSET_SAMPLES exchanges, the one taken, is one read soon after it arrived.
-        offset, delay = stamps.clock_offset(sent_ns, took_ns, answered_ns, time.time_ns())
+        # The offset as NTP's on-wire method takes it, on the clock each end's process reads (the
+        # responder's reads; here, the send's and the arrival on it: stamps.arrival_on_clock, so that
+        # the wait for the pacer's pass to read it is not in the exchange).
+        sent_on_clock, back_on_clock = on_clock
+        offset, delay = stamps.clock_offset(sent_on_clock, took_ns, answered_ns, back_on_clock)
         best_delay, best_offset = self._offsets.add(delay, offset)
         if best_offset != self._offset:
             self._offset = best_offset
