@@ -67,6 +67,10 @@ def start_prometheus(name: str, work: Path, port: int, cfg: dict[str, Any], *fla
     return url
 
 
+def metrics_of(host: str) -> str:
+    return f"{address([h.name for h in TOPO.hosts].index(host) + 1)}:9469"
+
+
 def logged_tests(work: Path) -> list[tuple[float, float, str, str]]:
     """(start, end, client, server) of every throughput test the hosts logged."""
     found = []
@@ -101,11 +105,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                  timeout=3 * ROTATION)  # fmt: skip
         epoch = math.ceil((time.time() + 20) / SLOT) * SLOT
         reloaded = {}
-        for h in old:  # a rolling change: one host at a time
+        for h in old:  # a rolling change: one host at a time, the next once this one has applied it
             (work / f"{h}.yaml").write_text(yaml.safe_dump(config(h, work, [*old, NEW], epoch)))
             procs[h].send_signal(signal.SIGHUP)
+            wait_for(f"{h}'s reload applied", lambda h=h: "config reloaded" in (work / f"{h}.log").read_text(),
+                     timeout=10, every=0.1)  # fmt: skip
             reloaded[h] = time.time()
-            time.sleep(1.5)
         procs[NEW] = start_exporter(NEW, config(NEW, work, [*old, NEW], epoch), work)
         assert max(reloaded.values()) < epoch, "the rollout ran past the epoch: lengthen it"
         wait_for("one rotation of the new mesh", lambda: time.time() > epoch + ROTATION + 2 * SLOT,
@@ -123,7 +128,7 @@ def test_no_host_is_ever_in_two_tests_during_the_rolling_change(fleet: dict[str,
         overlapping = [(x, y) for x, y in pairwise(mine) if y[0] < x[1]]
         assert not overlapping, f"{h.name} was in two tests at once: {overlapping}"
     for h in TOPO.hosts:  # the servers agree: no test met a busy server
-        got = scrape(f"{address(TOPO.hosts.index(h) + 1)}:9469")
+        got = scrape(metrics_of(h.name))
         assert value(got, "pathprobe_probe_runs_total", probe="throughput", result="busy") == 0, h.name
         assert value(got, "pathprobe_config_last_reload_successful") == 1, h.name
 

@@ -203,16 +203,12 @@ class FailingProber:
         return "error"
 
 
-def run_turns_until(e: Exporter, done: Callable[[], bool]) -> None:
-    """Run the exporter's throughput turns (in the virtual time it was given) until `done()`."""
+def run_turns_until(e: Exporter, virtual: VirtualTime, done: Callable[[], bool]) -> None:
+    """Run the exporter's throughput turns in the virtual time it was given until `done()`."""
 
     async def scenario() -> None:
-        stop = asyncio.Event()
-        task = asyncio.create_task(e.turns.run(stop))
-        async with asyncio.timeout(20):  # against a hang: in virtual time this takes a moment
-            while not done():
-                await asyncio.sleep(0)
-        stop.set()
+        task = asyncio.create_task(e.turns.run(asyncio.Event()))
+        await virtual.drive([task], done)
         task.cancel()
 
     asyncio.run(scenario())
@@ -229,7 +225,7 @@ def test_the_throughput_loop_survives_unexpected_errors(tmp_path: Path) -> None:
     prober = FailingProber()
     e.turns.make_prober = StandIn(prober)
 
-    run_turns_until(e, lambda: prober.calls >= 2)  # the second call comes from a turn after the first error
+    run_turns_until(e, virtual, lambda: prober.calls >= 2)  # the second call comes from a turn after the first error
     assert e.rooms.host.turn_errors["OverflowError"] >= 1
     assert e.rooms.outcomes.runs["throughput", "b", "error"] + e.rooms.outcomes.runs["throughput", "c", "error"] >= 1
 
@@ -254,7 +250,7 @@ def test_a_stepped_clock_costs_at_most_a_few_seconds_of_turns(tmp_path: Path, st
 
     e.turns.make_prober = StandIn(recording)
 
-    run_turns_until(e, lambda: len(slots) >= 2)
+    run_turns_until(e, virtual, lambda: len(slots) >= 2)
     assert slots[1] != slots[0]  # never the same turn twice
     # 3 hosts: a has a turn in 2 of every 3 slots of 4 s, so from wherever the schedule is taken
     # again its next turn starts within 2 slots; a clock stepped back 1.5 s first waits those out
@@ -291,7 +287,7 @@ def test_a_clock_stepped_during_a_wait_for_a_turn_is_read_at_the_next_check(tmp_
 
     e.turns.make_prober = StandIn(recording)
 
-    run_turns_until(e, lambda: len(taken_at) >= 2)
+    run_turns_until(e, virtual, lambda: len(taken_at) >= 2)
     assert in_turn == [True, True]
     # From wherever the schedule is taken again, a's next turn starts within 2 slots (3 hosts: a
     # has a turn in 2 of every 3); the step is read at most one clock check after it came.
