@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from loopback_mesh import unused_port
 
 from pathprobe import procs, wire
 from pathprobe.responders.iperf3 import listening, wait_listening
@@ -31,8 +32,12 @@ def start(ports: tuple[int, int]) -> subprocess.Popen[str]:
 
 @pytest.fixture
 def ports() -> tuple[int, int]:
-    base = 20000 + os.getpid() % 20000
-    return base, base + 1
+    """(the RR and echo port, the iperf3 port): below the ephemeral range, where no other test's
+    socket can take them meanwhile (one run found 20000 + its pid % 20000, in that range, taken)."""
+    rr = unused_port()
+    while (iperf3 := unused_port()) == rr:
+        pass
+    return rr, iperf3
 
 
 def test_the_iperf3_server_dies_with_a_killed_serve(ports: tuple[int, int]) -> None:
