@@ -203,3 +203,43 @@ def test_a_reader_that_raises_is_logged_and_the_other_sockets_are_read() -> None
         got, logged = asyncio.run(main())
     assert got == [b"x"]
     assert [str(c["exception"]) for c in logged] == ["a prober's bug"]
+
+
+def test_an_awaited_read_is_made_on_the_next_step_with_no_sender_and_then_no_pass_is_made() -> None:
+    """A request's answer awaited on the grid (an RTT probe's): with no sender to make passes, one
+    is made on every step of the grid while it is awaited, and the answer is read in one; once
+    nothing is awaited, none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.setblocking(False)
+
+        async def main() -> tuple[list[float], float | None, int]:
+            loop = asyncio.get_running_loop()
+            pacer, read = Pacer.of(loop), loop.create_future()
+            fire, passes_at = pacer._fire, []  # each pass's time on the grid
+
+            def counted() -> None:
+                assert pacer._timer is not None
+                passes_at.append(pacer._timer.when())
+                fire()
+
+            def reader() -> None:
+                sock.recv(16)
+                read.set_result(passes_at[-1] if passes_at else None)  # the pass it was read in
+
+            pacer._fire = counted  # type: ignore[method-assign]
+            pacer.read_on_grid(sock, reader)
+            loop.call_later(0.12, sock.sendto, b"x", sock.getsockname())
+            async with asyncio.timeout(2):  # no pass at all: a hang otherwise
+                with pacer.awaiting():
+                    read_in = await read
+            passes_then = len(passes_at)
+            await asyncio.sleep(4 * PACE_SECONDS)
+            pacer.stop_reading(sock)
+            return passes_at[:passes_then], read_in, len(passes_at) - passes_then
+
+        passes_at, read_in, passes_after = asyncio.run(main())
+    assert read_in == passes_at[-1]  # read in the last pass of the wait
+    assert all(math.isclose(t / PACE_SECONDS, round(t / PACE_SECONDS), abs_tol=1e-6) for t in passes_at)
+    assert len(passes_at) >= 3  # one a step while it was awaited: 0.12 s is the third step or later
+    assert passes_after <= 1  # the pass armed as the wait ended, at most

@@ -1,6 +1,7 @@
 """The probes and responders over loopback sockets, in one event loop."""
 
 import asyncio
+import contextlib
 import socket
 import statistics
 import time
@@ -9,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from pathprobe import stamps
+from pathprobe import stamps, wire
 from pathprobe.allow import AllowList
 from pathprobe.config import LossSettings, MtuSettings, RttSettings
 from pathprobe.probes import EchoProber, MtuProber, RttProber, Target
+from pathprobe.probes.base import PACE_SECONDS, Pacer
 from pathprobe.probes.report import ReportSink, RttReport
 from pathprobe.responders import rr as rr_responder
 from pathprobe.responders.echo import EchoResponder
@@ -331,3 +333,75 @@ def test_the_mtu_prober_sees_sizes_carried_over_loopback() -> None:
         return out.seen
 
     assert asyncio.run(scenario()) == [(1500, True, None), (9001, True, None), (1500, False, "refused")]
+
+
+def test_rtt_answers_are_read_on_the_grid_and_timed_by_the_kernels_stamps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prober sending every step of the grid or less often has its answers read on the pacer's
+    passes (no wake-up of the loop for each): an answer waits there up to a step (50 ms), and the
+    RTT, from the kernel's stamps, has none of that wait in it."""
+    on_grid: list[int] = []  # the local ports of the connections read on the grid
+    read_on_grid = Pacer.read_on_grid
+
+    def spy(pacer: Pacer, sock: socket.socket, read: Any) -> None:
+        on_grid.append(sock.getsockname()[1])
+        read_on_grid(pacer, sock, read)
+
+    monkeypatch.setattr(Pacer, "read_on_grid", spy)
+
+    async def scenario() -> tuple[RttReport, list[int], set[int]]:
+        rr = await RrResponder(AllowList(["127.0.0.0/8"]), 16, lambda _: None).start("127.0.0.1", 0)
+        port = rr.listener.getsockname()[1]
+        on_loop: set[int] = set()  # the local ports of the connections the event loop reads
+        loop = asyncio.get_running_loop()
+        add_reader = loop.add_reader
+
+        def reader_spy(fd: int, callback: Any, *args: Any) -> Any:
+            conn = getattr(callback, "__self__", None)
+            if isinstance(conn, Connection):
+                on_loop.add(conn.sock.getsockname()[1])
+            return add_reader(fd, callback, *args)
+
+        loop.add_reader = reader_spy  # type: ignore[method-assign]
+        report = RttReport("tcp", PACE_SECONDS, 1)
+        settings = RttSettings(interval_seconds=PACE_SECONDS, size_bytes=1, timeout_seconds=1.0, flows=2)
+        await RttProber(Target("127.0.0.1", port), settings, ReportSink(report)).run(count=12)
+        rr.close()
+        return report, [p for p in on_grid if p != port], {p for p in on_loop if p != port}
+
+    report, prober_on_grid, prober_on_loop = asyncio.run(scenario())
+    assert report.received == 12 and not report.failures
+    assert len(set(prober_on_grid)) == 2 and not prober_on_loop  # both flows' connections, on the grid only
+    assert max(report.rtts) < 0.01, report.rtts  # loopback; the wait for a pass would be up to 50 ms
+
+
+@pytest.mark.parametrize(("late", "outcome"), [(0.165, "received"), (0.23, "timeout")])
+def test_an_rtt_answer_read_on_the_grid_counts_by_when_it_came_not_when_it_was_read(late: float, outcome: str) -> None:
+    """Timeout 0.2 s: an answer that came at 0.165 s is read on the pass at 0.2 s, after the
+    timeout, and is an RTT; one that came at 0.23 s, read on the pass at 0.25 s, is a timeout (its
+    connection closed, the flow tried again after a back-off)."""
+    timeout = 0.2
+
+    async def answer_late(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _, _, size = wire.RR_HELLO.unpack(await reader.readexactly(wire.RR_HELLO.size))
+        writer.write(b"Y")
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                request = await reader.readexactly(size)
+                await asyncio.sleep(late)
+                writer.write(request + wire.HOLD.pack(0))
+        writer.close()
+
+    async def scenario() -> RttReport:
+        server = await asyncio.start_server(answer_late, "127.0.0.1", 0)
+        report = RttReport("tcp", 0.5, 1)
+        settings = RttSettings(interval_seconds=0.5, size_bytes=1, timeout_seconds=timeout, flows=1)
+        await RttProber(Target("127.0.0.1", server.sockets[0].getsockname()[1]), settings, ReportSink(report)).run(3)
+        server.close()
+        return report
+
+    report = asyncio.run(scenario())
+    if outcome == "received":
+        assert report.received == 3 and not report.failures, report
+        assert all(late <= rtt < timeout for rtt in report.rtts), report.rtts
+    else:
+        assert report.received == 0 and report.failures == {"timeout": 3}, report

@@ -38,10 +38,13 @@ adds that stretch to that answer's hold, so the responder's own send is not coun
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import struct
 import sys
 import time
+from collections.abc import Callable
+from typing import Protocol
 
 from . import stamps
 
@@ -160,21 +163,32 @@ def echo_packet(seq: int, size: int, clock_ns: int, hold_ns: int = 0, received: 
     return head + b"\x00" * max(0, size - len(head))
 
 
+class Grid(Protocol):
+    """Reads made on a shared grid's passes instead of a wake-up of the event loop each
+    (probes.base.Pacer)."""
+
+    def read_on_grid(self, sock: socket.socket, read: Callable[[], None]) -> None: ...
+    def stop_reading(self, sock: socket.socket) -> None: ...
+    def awaiting(self) -> contextlib.AbstractContextManager[None]: ...
+
+
 class Connection:
     """A non-blocking TCP socket read through one persistent reader callback.
 
     asyncio's streams drop the kernel's receive timestamp; reading with recvmsg() keeps
     it. The callback stays registered (no epoll_ctl per message) and pauses only while
     MAX_BUFFERED bytes wait unread (a peer that sends without reading answers) and no
-    read is waiting for more.
+    read is waiting for more. With a `grid`, the callback runs on the grid's passes, not as
+    the event loop's reader: the kernel's receive stamp is the arrival, whenever it is read.
 
     With `stamp_sends` (a connected socket, nothing written yet), `sent_ns` is the kernel's
     transmit timestamp of the last send's last byte once it is known (take_sent_stamps()), else
     None.
     """
 
-    def __init__(self, sock: socket.socket, stamp_sends: bool = False):
+    def __init__(self, sock: socket.socket, stamp_sends: bool = False, grid: Grid | None = None):
         self.sock = sock
+        self._grid = grid
         self.sent_ns: int | None = None
         self._stamping = stamp_sends and stamps.enable_sent(sock)
         self._written = 0  # bytes, for the transmit stamps' keys (the offset of a write's last byte)
@@ -190,12 +204,18 @@ class Connection:
 
     def _resume(self) -> None:
         if not self._reading and not self._eof and self._error is None:
-            self._loop.add_reader(self.sock.fileno(), self._on_readable)
+            if self._grid is not None:
+                self._grid.read_on_grid(self.sock, self._on_readable)
+            else:
+                self._loop.add_reader(self.sock.fileno(), self._on_readable)
             self._reading = True
 
     def _pause(self) -> None:
         if self._reading:
-            self._loop.remove_reader(self.sock.fileno())
+            if self._grid is not None:
+                self._grid.stop_reading(self.sock)
+            else:
+                self._loop.remove_reader(self.sock.fileno())
             self._reading = False
 
     def take_sent_stamps(self, most: int = 256) -> None:
@@ -238,7 +258,8 @@ class Connection:
             self._resume()
             self._waiter = self._loop.create_future()
             try:
-                await self._waiter
+                with self._grid.awaiting() if self._grid is not None else contextlib.nullcontext():
+                    await self._waiter
             finally:
                 self._waiter = None
                 self._want = 0

@@ -12,6 +12,7 @@ scheduled prober (throughput) runs one test and returns its outcome too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import heapq
 import itertools
@@ -20,7 +21,7 @@ import select
 import socket
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 
@@ -78,6 +79,7 @@ class Pacer:
         self._timer: asyncio.TimerHandle | None = None
         self._readable: select.epoll | None = None  # the sockets read on the grid, once there are any
         self._readers: dict[int, Callable[[], None]] = {}  # their file descriptors -> what reads each
+        self._awaited = 0  # reads on the grid that something waits for: the passes go on while any does
 
     @classmethod
     def of(cls, loop: asyncio.AbstractEventLoop) -> Pacer:
@@ -107,10 +109,12 @@ class Pacer:
         heapq.heappush(self._queue, (when, next(self._order), sender))
 
     def _arm(self) -> None:
-        """The timer at the first sender due."""
-        if not self._queue:
+        """The timer at the first sender due, or at the next step of the grid while a read is awaited."""
+        first = self._queue[0][0] if self._queue else math.inf
+        if self._awaited:
+            first = min(first, (math.floor(self._loop.time() / PACE_SECONDS) + 1) * PACE_SECONDS)
+        if first == math.inf:
             return
-        first = self._queue[0][0]
         if self._timer is not None:
             if self._timer.when() <= first:
                 return
@@ -121,12 +125,24 @@ class Pacer:
         """Call `read` on each pass of the grid, before its sends, while `sock` has a datagram or an
         error to read, until stop_reading(sock): the answers of a mesh's paths (each its own length)
         come back apart, and a wake-up of the loop for each cost more than the answer's handling
-        (bench/exporter_bench.py --cost). Only for datagrams that carry their kernel's arrival stamp,
-        so that the wait (at most the shortest send interval) is in no measurement."""
+        (bench/exporter_bench.py --cost). Only for reads that carry their kernel's arrival stamp (a
+        datagram, a stream's answer), so that the wait for the pass is in no measurement; a read
+        that something waits for keeps a pass on every step meanwhile (awaiting)."""
         if self._readable is None:
             self._readable = select.epoll()
         self._readable.register(sock.fileno(), select.EPOLLIN)  # EPOLLERR always
         self._readers[sock.fileno()] = read
+
+    @contextlib.contextmanager
+    def awaiting(self) -> Iterator[None]:
+        """While in this block, a pass on every step of the grid: something waits for a read on it
+        (a request's answer), and the senders' passes alone may be a second apart, or none."""
+        self._awaited += 1
+        self._arm()
+        try:
+            yield
+        finally:
+            self._awaited -= 1
 
     def stop_reading(self, sock: socket.socket) -> None:
         """No more reads of `sock` (before it is closed: its number is then another socket's)."""
