@@ -3,6 +3,7 @@
 import asyncio
 import dataclasses
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from pathprobe.exporter import Exporter, schedule_of
 from pathprobe.metrics import registry
 from pathprobe.metrics.owd import OwdKey
 from pathprobe.probes import Reason, Target, ThroughputResult, ThroughputTest
-from pathprobe.probes.base import OneWay
+from pathprobe.probes.base import OneWay, Pacer
 from pathprobe.probes.report import Summary
 
 
@@ -679,6 +680,27 @@ def test_a_reload_that_leaves_fewer_than_half_the_peers_is_counted(
     e.reload(config(tmp_path, peers=peers))  # 5 peers -> 2: a file cut short?
     assert value(samples(e), name) == 1
     assert "config reload left 2 of 5 probed peers (dropped: x0, x1, x2)" in caplog.text
+
+
+def test_a_held_event_loop_shows_in_the_lateness_of_the_probes_passes(tmp_path: Path) -> None:
+    """Three passes of the probes' timer, 50 ms apart; the first holds the loop for 0.3 s (as a busy
+    host would): the second runs about 0.25 s late, and the histogram says so."""
+    e = Exporter(config(tmp_path))
+
+    async def main() -> None:
+        pacer = Pacer.of(asyncio.get_running_loop())
+        pacer.late = e.rooms.host
+        held = iter([0.3, 0.0, 0.0])
+        await pacer.repeat(0.05, lambda: time.sleep(next(held)), count=3)
+
+    asyncio.run(main())
+    got = samples(e)
+    name = "pathprobe_event_loop_lateness_seconds"
+    assert value(got, f"{name}_count") == 3
+    assert value(got, f"{name}_bucket", le="0.1") <= 2  # the held one: late by more than 0.1 s
+    assert 0.2 <= value(got, f"{name}_sum") < 3
+    buckets = [v for (n, _), v in sorted(got.items(), key=lambda kv: kv[0]) if n == f"{name}_bucket"]
+    assert len(buckets) == 9 and value(got, f"{name}_bucket", le="+Inf") == 3
 
 
 def test_readiness_says_why_until_the_responders_listen_and_iperf3_runs(tmp_path: Path) -> None:

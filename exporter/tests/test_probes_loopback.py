@@ -4,8 +4,10 @@ import asyncio
 import contextlib
 import socket
 import statistics
+import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -405,3 +407,98 @@ def test_an_rtt_answer_read_on_the_grid_counts_by_when_it_came_not_when_it_was_r
         assert all(late <= rtt < timeout for rtt in report.rtts), report.rtts
     else:
         assert report.received == 0 and report.failures == {"timeout": 3}, report
+
+
+@contextlib.contextmanager
+def responder_in_a_thread() -> Iterator[tuple[int, asyncio.AbstractEventLoop]]:
+    """An RR responder on an event loop of its own, in a thread: (its port, its loop), so that
+    either side can be held without holding the other."""
+    loop = asyncio.new_event_loop()
+    ports: list[int] = []
+    listening = threading.Event()
+
+    def serve() -> None:
+        async def start() -> None:
+            rr = await RrResponder(AllowList(["127.0.0.0/8"]), 16, lambda _: None).start("127.0.0.1", 0)
+            ports.append(rr.listener.getsockname()[1])
+            listening.set()
+
+        loop.run_until_complete(start())
+        loop.run_forever()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert listening.wait(10), "the responder did not listen"
+    try:
+        yield ports[0], loop
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+
+def rtt_probes(port: int, count: int) -> RttReport:
+    """`count` RTT probes of one flow, 0.5 s apart, timeout 1 s."""
+    report = RttReport("tcp", 0.5, 1)
+    settings = RttSettings(interval_seconds=0.5, size_bytes=1, timeout_seconds=1.0, flows=1)
+    asyncio.run(RttProber(Target("127.0.0.1", port), settings, ReportSink(report)).run(count=count))
+    return report
+
+
+def test_an_answer_that_came_while_the_prober_was_busy_past_its_timeout_is_an_rtt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The prober's process is held for 1.3 s right after a request leaves (as a large reload beside
+    the probes can hold it); the responder, in another thread, answers at once. The timeout's timer
+    (1.1 s) then runs before any pass reads the answer: the answer's stamps say it came in time, so
+    it is an RTT of loopback, not a timeout."""
+    writes = 0
+    write = Connection.write
+
+    async def write_then_stall(conn: Connection, data: bytes | bytearray) -> None:
+        nonlocal writes
+        await write(conn, data)
+        writes += 1
+        if writes == 2:  # the first request, after the hello
+            time.sleep(1.3)  # the event loop held, as by a busy process
+
+    monkeypatch.setattr(Connection, "write", write_then_stall)
+    with responder_in_a_thread() as (port, _):
+        report = rtt_probes(port, 2)
+    assert report.received == 2 and not report.failures, report
+    assert writes == 3  # the hello, the request held up, the next: one connection
+    assert max(report.rtts) < 0.05, report.rtts  # loopback: none of the stall is in it
+
+
+@pytest.mark.parametrize("held", [1.3, 2.5])
+def test_a_responder_held_past_the_timeout_after_its_host_took_the_request(
+    held: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The responder's process is held (as a large reload can hold it) as a request reaches its
+    host, whose kernel acknowledges it. Held 1.3 s, past the 1 s timeout: its answer is waited for
+    (a timeout more) and, its hold stamped from the request's arrival, is an RTT of loopback, not
+    a timeout of the path. Held 2.5 s, past that too: a timeout."""
+    holding = threading.Event()
+
+    def hold() -> None:
+        holding.set()
+        time.sleep(held)
+
+    with responder_in_a_thread() as (port, responder_loop):
+        writes = 0
+        write = Connection.write
+
+        async def write_to_a_held_responder(conn: Connection, data: bytes | bytearray) -> None:
+            nonlocal writes
+            writes += 1
+            if writes == 2:  # the first request, after the hello: sent while the responder is held
+                responder_loop.call_soon_threadsafe(hold)
+                assert holding.wait(5)
+            await write(conn, data)
+
+        monkeypatch.setattr(Connection, "write", write_to_a_held_responder)
+        report = rtt_probes(port, 1)
+    if held < 2:
+        assert report.received == 1 and not report.failures, report
+        assert max(report.rtts) < 0.05, report.rtts  # loopback: the hold is not in it
+    else:
+        assert report.received == 0 and report.failures == {"timeout": 1}, report

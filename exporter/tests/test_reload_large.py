@@ -86,6 +86,14 @@ def answered(got: dict) -> float:
     return got.get(("pathprobe_probe_runs_total", frozenset({("probe", "rtt"), ("peer", "a"), ("result", "ok")})), 0)
 
 
+def latest_pass(got: dict) -> str:
+    """How late the exporter's event loop ran at worst: the least bucket of
+    pathprobe_event_loop_lateness_seconds that holds every pass."""
+    buckets = {dict(ls)["le"]: v for (n, ls), v in got.items() if n == "pathprobe_event_loop_lateness_seconds_bucket"}
+    every = buckets["+Inf"]
+    return next(f"<= {le} s" for le, n in sorted(buckets.items(), key=lambda b: float(b[0])) if n == every)
+
+
 def reloads(got: dict) -> float:
     return got.get(("pathprobe_config_reloads_total", frozenset({("result", "success")})), 0.0)
 
@@ -114,9 +122,10 @@ def test_a_large_reload_and_a_sighup_burst_leave_the_responders_answering(pair: 
     rss_back = rss_bytes(a.pid)
     # b went on probing a meanwhile: RTT answers and echoes, none failed or lost.
     got = wait_for(web["b"], "b's RTT probes after the reloads", lambda got: answered(got) > answered_before + 4)
+    late = f"event loops late: a {latest_pass(samples(web['a']))}, b {latest_pass(got)}"
     print(f"\nreloads of {MEMBERS} members (burst of 10 SIGHUPs): {reload_seconds:.1f} s; RSS {rss_small / 2**20:.0f} "
-          f"-> {rss_large / 2**20:.0f} -> {rss_back / 2**20:.0f} MiB")  # fmt: skip
-    assert failures(got, "a") == before, "b counted failed RTT probes or lost echoes of a during a's reloads"
+          f"-> {rss_large / 2**20:.0f} -> {rss_back / 2**20:.0f} MiB; {late}")  # fmt: skip
+    assert failures(got, "a") == before, f"b counted failed RTT probes or lost echoes of a during a's reloads ({late})"
     # The schedule's 2.5 million pairs (a gigabyte) never enter the exporter: its own process computes them.
     assert rss_large - rss_small < 100 * 2**20, (rss_small, rss_large, rss_back)
 

@@ -172,6 +172,8 @@ class RttSettings(Strict):
     # Request size; 8 and more carry the responder's follow-up (wire.RR_FOLLOW_UP) that takes its
     # own send off the RTT: 8 by default (netperf TCP_RR's is 1; both one small segment).
     size_bytes: int = Field(default=8, ge=1, le=65536)
+    # An answer whose RTT (its stamps, the responder's hold taken off) exceeds this is a timeout. A
+    # request the peer's kernel acknowledged is waited for as long again: a busy responder's answer.
     timeout_seconds: float = Field(default=1.0, gt=0, le=30)
     # TCP connections, used in turn (each has its own source port).
     flows: int = Field(default=FLOWS_DEFAULT, ge=1, le=FLOWS_MAX)

@@ -24,6 +24,7 @@ from .config import Config, Peer
 from .expected import ExpectedTracker
 from .metrics import Rooms
 from .probes import CONTINUOUS, PROBERS, Prober, Target
+from .probes.base import Pacer
 from .schedule import Schedule, Timetable
 from .turns import Plan, ThroughputTurns
 
@@ -270,6 +271,7 @@ class Exporter:
         running = await responders.start(self.cfg.responders, self.cfg.iperf3, self.allowed, self.rooms.host,
                                          self.iperf3_admission, lambda: self.clock_bound.seconds)  # fmt: skip
         self.responders_listening = True
+        Pacer.of(asyncio.get_running_loop()).late = self.rooms.host
         self._probing = self._start_probers()
         background = [asyncio.create_task(self.turns.run(stop), name="throughput"),
                       asyncio.create_task(self.read_allowances(), name="allowances"),

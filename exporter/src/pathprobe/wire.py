@@ -39,9 +39,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import socket
 import struct
 import sys
+import termios
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -263,11 +265,31 @@ class Connection:
             finally:
                 self._waiter = None
                 self._want = 0
+        return self._take(n)
+
+    def read_now(self, n: int) -> tuple[bytes, int] | None:
+        """`n` bytes as read() gives them if they have come (read or waiting in the socket), without
+        waiting; else None: an answer that came while this process was too busy to read it."""
+        while len(self._buffer) < n and not self._eof and self._error is None:
+            held = len(self._buffer)
+            self._on_readable()
+            if len(self._buffer) == held:
+                return None
+        return self._take(n) if len(self._buffer) >= n else None
+
+    def _take(self, n: int) -> tuple[bytes, int]:
         data = bytes(self._buffer[:n])
         del self._buffer[:n]
         if len(self._buffer) < MAX_BUFFERED:
             self._resume()
         return data, self._stamp
+
+    def delivered(self) -> bool:
+        """Whether the peer's kernel acknowledged every byte written (SIOCOUTQ, tcp(7): bytes
+        written and not yet acknowledged): a request that reached the peer's host."""
+        queued = fcntl.ioctl(self.sock.fileno(), termios.TIOCOUTQ, bytes(4))
+        unacknowledged: int = struct.unpack("i", queued)[0]
+        return unacknowledged == 0
 
     def send_now(self, data: bytes | bytearray) -> int:
         """As much of `data` as the socket takes without waiting (bytes sent)."""

@@ -4,11 +4,19 @@ counters (read in the background: `ethtool -S` may take seconds, never in a scra
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 
 from ..budget import Budget
 from ..config import Config
@@ -16,6 +24,9 @@ from ..schedule import Timetable
 from .common import counter, gauge, one
 
 IPERF3_ADMISSIONS = ("ok", "not_allowed", "out_of_turn")  # responders/iperf3.py: every outcome from zero
+# The event loop's lateness (seconds): a few milliseconds on a quiet host. Its peers wait a
+# timeout more (RTT: 1 s) for an answer this host's kernel acknowledged, then count a timeout.
+LATENESS_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class HostRoom:
@@ -35,6 +46,8 @@ class HostRoom:
         self.iperf3_server_up = False
         self.iperf3_serving = False  # an admitted peer's test runs on the server now
         self.iperf3_server_restarts = 0
+        self.passes_late = [0] * (len(LATENESS_BUCKETS) + 1)  # the pacer's passes by lateness bucket (+Inf last)
+        self.passes_late_seconds = 0.0
 
     def use(self, cfg: Config, timetable: Timetable) -> None:
         self.view = (cfg, timetable)
@@ -45,6 +58,10 @@ class HostRoom:
     # --- writers
     def read_allowances(self, interface: str | None, counters: dict[str, int] | None) -> None:
         self.allowances = None if counters is None else (interface, counters)
+
+    def pass_late(self, seconds: float) -> None:
+        self.passes_late[bisect.bisect_left(LATENESS_BUCKETS, seconds)] += 1
+        self.passes_late_seconds += seconds
 
     def reloaded(self, ok: bool) -> None:
         self.reloads["success" if ok else "failure"] += 1
@@ -114,6 +131,18 @@ class HostRoom:
         )
         yield from self._turns()
         yield from self._responders(cfg)
+        yield self._lateness()
+
+    def _lateness(self) -> Metric:
+        counts, total = list(self.passes_late), self.passes_late_seconds  # one copy: the loop goes on counting
+        bounds = [*(f"{le:g}" for le in LATENESS_BUCKETS), "+Inf"]
+        return HistogramMetricFamily(
+            "pathprobe_event_loop_lateness_seconds",
+            "How late the exporter's event loop ran the probes' timer passes; its responders answer as late: "
+            "a busy host, not its paths.",
+            buckets=list(zip(bounds, itertools.accumulate(counts), strict=True)),
+            sum_value=total,
+        )
 
     def _allowances(self) -> Iterator[Metric]:
         read = self.allowances

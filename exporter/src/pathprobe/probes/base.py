@@ -45,6 +45,12 @@ PACE_SECONDS = 0.05
 READ_ROUNDS_MOST = 64
 
 
+class LateSink(Protocol):
+    """Where the pacer says how late each pass ran after its time (metrics.host.HostRoom)."""
+
+    def pass_late(self, seconds: float) -> None: ...
+
+
 async def sleep_until(due: float, interval: float) -> None:
     """Sleep until the event loop's time `due`, rounded up to the next PACE_SECONDS step, for
     a probe sent every `interval` seconds; a probe sent more often than the step is not rounded
@@ -80,6 +86,7 @@ class Pacer:
         self._readable: select.epoll | None = None  # the sockets read on the grid, once there are any
         self._readers: dict[int, Callable[[], None]] = {}  # their file descriptors -> what reads each
         self._awaited = 0  # reads on the grid that something waits for: the passes go on while any does
+        self.late: LateSink | None = None  # told each pass's lateness: the event loop's, measured for free
 
     @classmethod
     def of(cls, loop: asyncio.AbstractEventLoop) -> Pacer:
@@ -170,6 +177,8 @@ class Pacer:
     def _fire(self) -> None:
         assert self._timer is not None
         fired_at, self._timer = self._timer.when(), None
+        if self.late is not None:
+            self.late.pass_late(max(0.0, self._loop.time() - fired_at))
         self.read_ready()  # the answers first: what timed out is expired by the sends below
         now = self._loop.time()
         until, again = max(now, fired_at), []
