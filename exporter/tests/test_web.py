@@ -140,6 +140,38 @@ def test_renders_are_timed_just_ahead_of_a_steady_scrapers_next_scrape() -> None
 
 
 @pytest.mark.alone
+class Costs:
+    """A collector whose collect() takes `seconds`: of CPU (`busy`), or waiting (a busy host)."""
+
+    def __init__(self, seconds: float, busy: bool) -> None:
+        self.seconds, self.busy = seconds, busy
+
+    def collect(self) -> Iterator[Metric]:
+        if self.busy:
+            end = time.thread_time() + self.seconds
+            while time.thread_time() < end:
+                pass
+        else:
+            time.sleep(self.seconds)
+        yield GaugeMetricFamily("pathprobe_test_value", "A test value.", value=1)
+
+
+@pytest.mark.parametrize(("seconds", "busy", "apart"), [(0.4, False, 5.0), (0.4, True, 8.0)])
+def test_renders_are_spaced_by_their_cpu_time_not_by_a_busy_hosts_wait(
+    seconds: float, busy: bool, apart: float
+) -> None:
+    """Renders are at least 20 times their CPU time apart (at most 5% of a core): a render that
+    spent 0.4 s of CPU is followed 8 s later, not after the 5 s refresh; one that took 0.4 s only
+    because it waited (a busy host's render thread waits for a CPU) holds the next off no longer
+    than the refresh (it held the next off 8 s, and a rollout's check found a snapshot 20 s old)."""
+    registry = CollectorRegistry()
+    registry.register(Costs(seconds, busy))  # type: ignore[arg-type]
+    snap = snapshot(registry, refresh=5.0)
+    snap.render()
+    assert snap._render_seconds >= seconds
+    assert snap.next_render(snap._tried) == pytest.approx(snap._tried + apart, abs=0.4)
+
+
 def test_a_steady_scraper_gets_a_render_per_scrape_read_fresh() -> None:
     """Scrapes every 0.3 s against a refresh of 0.05 s: once the interval is known (the second
     scrape), one render per scrape (not six), each made after the scrape before it. A scrape that

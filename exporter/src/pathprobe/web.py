@@ -141,7 +141,8 @@ class Snapshot:
         self._body = b""
         self._gzipped = b""
         self._taken = time.monotonic()  # before the first render: its age counts from the start
-        self._render_seconds = 0.0
+        self._render_seconds = 0.0  # the last render's wall-clock time: how far ahead of a scrape to start one
+        self._render_cpu_seconds = 0.0  # its CPU time: how far apart renders must be to take at most 5% of a core
         self._tried = self._taken  # when the last render began, whether or not it succeeded
         self._rendered_for: float | None = None  # the expected scrape the thread's last render was timed for
         self._last_scrape = 0.0
@@ -155,7 +156,8 @@ class Snapshot:
 
     def render(self) -> None:
         """A new snapshot; on an error, the last one stays (never raises)."""
-        start = self._tried = time.monotonic()
+        start, cpu_start = time.monotonic(), time.thread_time()
+        self._tried = start
         try:
             body = generate_latest(self.registry)
         except Exception:
@@ -167,6 +169,7 @@ class Snapshot:
         with self._lock:
             self._body, self._gzipped, self._taken = body, gzipped, time.monotonic()
             self._render_seconds = self._taken - start
+            self._render_cpu_seconds = time.thread_time() - cpu_start
             self._failing = 0
 
     def _failed(self) -> None:
@@ -183,15 +186,17 @@ class Snapshot:
         """When the next render falls due: just ahead of the next scrape expected (RENDER_LEAD
         render times before it), so that a scraper keeping its interval reads a snapshot that
         fresh, and every render is read; but no sooner than `refresh` after the last one began (nor
-        than 20 render times: at most 5% of a core), and no later than MAX_AGE_SECONDS after it
-        (a scrape that comes early, or another client, reads no older snapshot). With no scraper
-        keeping an interval (the first scrapes, or a client now and then): every `refresh`."""
+        than 20 times its CPU time: at most 5% of a core; its wall-clock time on a busy host, when the
+        render thread waits for a CPU, would hold the next render off for nothing), and no later than
+        MAX_AGE_SECONDS after it (a scrape that comes early, or another client, reads no older
+        snapshot). With no scraper keeping an interval (the first scrapes, or a client now and then):
+        every `refresh`."""
         return self._timing(now)[0]
 
     def _timing(self, now: float) -> tuple[float, float | None]:
         """next_render's time, and the expected scrape it is timed for (None: not timed for one)."""
         with self._lock:
-            floor = self._tried + max(self.refresh, 20 * self._render_seconds)
+            floor = self._tried + max(self.refresh, 20 * self._render_cpu_seconds)
             # A scraper more often than `refresh` gets a render per `refresh` (as it always did), not timed for it.
             expected = self._scrapers.next_expected(now, shortest=self.refresh)
             lead = RENDER_LEAD * self._render_seconds + RENDER_MARGIN_SECONDS
