@@ -226,16 +226,22 @@ def healthy(fleet: Fleet) -> None:
     for host in fleet.procs:
         assert fleet.procs[host].poll() is None, f"{host} exited"
 
-        def fresh(host: str = host) -> Samples | None:
+        seen: dict[str, object] = {}  # what the last scrape read, for a failure's message
+
+        def fresh(host: str = host, seen: dict[str, object] = seen) -> Samples | None:
             got = scrape(metrics_address(host))  # urllib raises on anything but 200
             gone = [ls for _, ls in got if any(("peer", h) in ls for h in fleet.left)]
             # A reload after the epoch takes effect at the next slot instead: later, never earlier.
             epoch = value(got, "pathprobe_schedule_epoch_timestamp_seconds") or 0
+            seen.update(epoch=epoch, age=value(got, "pathprobe_scrape_snapshot_age_seconds"), gone=len(gone))
             applied = fleet.epoch is None or epoch >= fleet.epoch
             return None if gone or not applied else got
 
-        got = wait_for(f"{host}: the epoch {fleet.epoch} (or later) applied, no series of {sorted(fleet.left)}", fresh,
-                       timeout=4 * REFRESH, every=0.5)  # fmt: skip
+        try:
+            got = wait_for(f"{host}: the epoch {fleet.epoch} (or later) applied, no series of {sorted(fleet.left)}",
+                           fresh, timeout=4 * REFRESH, every=0.5)  # fmt: skip
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its last scrape read {seen}") from None
         assert (value(got, "pathprobe_scrape_snapshot_age_seconds") or 0) < 2 * REFRESH, host
         assert value(got, "pathprobe_scrape_render_errors_total") == 0, host
         assert value(got, "pathprobe_config_last_reload_successful") == 1, host

@@ -75,6 +75,17 @@ def build(p: Params) -> Dashboard:
             query(f"pathprobe_scrape_render_seconds{{{job}}}", "render {{host}}", ref="B"),
             query(f"pathprobe_scrape_snapshot_age_seconds{{{job}}}", "snapshot age {{host}}", ref="C")))
         .with_panel(series(
+            "Event loop lateness",
+            "How late each exporter's event loop ran its probes' timer passes (99th percentile and mean): a few "
+            "milliseconds on a quiet host. Its responders answer its peers as late; a peer waits a timeout more "
+            "for an RTT answer its request's acknowledgement says is coming: a busy host shows here, not as its "
+            "paths' timeouts.",
+            "s",
+            *lines((f"histogram_quantile(0.99, sum by (host, le) (rate(pathprobe_event_loop_lateness_seconds_bucket"
+                    f"{{{job}}}[$__rate_interval])))", "p99 {{host}}"),
+                   (f"rate(pathprobe_event_loop_lateness_seconds_sum{{{job}}}[$__rate_interval]) / "
+                    f"rate(pathprobe_event_loop_lateness_seconds_count{{{job}}}[$__rate_interval])", "mean {{host}}"))))
+        .with_panel(series(
             "Exporter CPU", "CPU time per second (share of one core).", "percentunit",
             query(f"rate(process_cpu_seconds_total{{{job}}}[$__rate_interval])", "{{host}}")))
         .with_panel(series(

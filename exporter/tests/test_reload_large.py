@@ -86,7 +86,7 @@ def answered(got: dict) -> float:
     return got.get(("pathprobe_probe_runs_total", frozenset({("probe", "rtt"), ("peer", "a"), ("result", "ok")})), 0)
 
 
-def latest_pass(got: dict) -> str:
+def worst_lateness(got: dict) -> str:
     """How late the exporter's event loop ran at worst: the least bucket of
     pathprobe_event_loop_lateness_seconds that holds every pass."""
     buckets = {dict(ls)["le"]: v for (n, ls), v in got.items() if n == "pathprobe_event_loop_lateness_seconds_bucket"}
@@ -122,7 +122,7 @@ def test_a_large_reload_and_a_sighup_burst_leave_the_responders_answering(pair: 
     rss_back = rss_bytes(a.pid)
     # b went on probing a meanwhile: RTT answers and echoes, none failed or lost.
     got = wait_for(web["b"], "b's RTT probes after the reloads", lambda got: answered(got) > answered_before + 4)
-    late = f"event loops late: a {latest_pass(samples(web['a']))}, b {latest_pass(got)}"
+    late = f"event loops late: a {worst_lateness(samples(web['a']))}, b {worst_lateness(got)}"
     print(f"\nreloads of {MEMBERS} members (burst of 10 SIGHUPs): {reload_seconds:.1f} s; RSS {rss_small / 2**20:.0f} "
           f"-> {rss_large / 2**20:.0f} -> {rss_back / 2**20:.0f} MiB; {late}")  # fmt: skip
     assert failures(got, "a") == before, f"b counted failed RTT probes or lost echoes of a during a's reloads ({late})"

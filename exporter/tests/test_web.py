@@ -139,7 +139,6 @@ def test_renders_are_timed_just_ahead_of_a_steady_scrapers_next_scrape() -> None
     assert both.next_render(120.0) == pytest.approx(130.0 - RENDER_MARGIN_SECONDS)
 
 
-@pytest.mark.alone
 class Costs:
     """A collector whose collect() takes `seconds`: of CPU (`busy`), or waiting (a busy host)."""
 
@@ -172,6 +171,7 @@ def test_renders_are_spaced_by_their_cpu_time_not_by_a_busy_hosts_wait(
     assert snap.next_render(snap._tried) == pytest.approx(snap._tried + apart, abs=0.4)
 
 
+@pytest.mark.alone
 def test_a_steady_scraper_gets_a_render_per_scrape_read_fresh() -> None:
     """Scrapes every 0.3 s against a refresh of 0.05 s: once the interval is known (the second
     scrape), one render per scrape (not six), each made after the scrape before it. A scrape that
