@@ -502,3 +502,26 @@ def test_a_responder_held_past_the_timeout_after_its_host_took_the_request(
         assert max(report.rtts) < 0.05, report.rtts  # loopback: the hold is not in it
     else:
         assert report.received == 0 and report.failures == {"timeout": 1}, report
+
+
+def test_read_now_takes_what_came_says_none_when_nothing_did_and_raises_for_an_ended_connection() -> None:
+    async def scenario() -> tuple[object, object, str]:
+        mine, theirs = socket.socketpair()
+        mine.setblocking(False)
+        conn = Connection(mine)
+        nothing = conn.read_now(3)
+        theirs.send(b"abc")
+        came = conn.read_now(3)
+        theirs.close()
+        try:
+            conn.read_now(3)
+            ended = "nothing raised"
+        except asyncio.IncompleteReadError:
+            ended = "incomplete"
+        conn.close()
+        return nothing, came, ended
+
+    nothing, came, ended = asyncio.run(scenario())
+    assert nothing is None
+    assert isinstance(came, tuple) and came[0] == b"abc"
+    assert ended == "incomplete"

@@ -269,13 +269,18 @@ class Connection:
 
     def read_now(self, n: int) -> tuple[bytes, int] | None:
         """`n` bytes as read() gives them if they have come (read or waiting in the socket), without
-        waiting; else None: an answer that came while this process was too busy to read it."""
-        while len(self._buffer) < n and not self._eof and self._error is None:
+        waiting; else None: an answer that came while this process was too busy to read it. A
+        connection that ended before them raises as read() would."""
+        while len(self._buffer) < n:
+            if self._error is not None:
+                raise self._error
+            if self._eof:
+                raise asyncio.IncompleteReadError(bytes(self._buffer), n)
             held = len(self._buffer)
             self._on_readable()
-            if len(self._buffer) == held:
+            if len(self._buffer) == held and not self._eof and self._error is None:
                 return None
-        return self._take(n) if len(self._buffer) >= n else None
+        return self._take(n)
 
     def _take(self, n: int) -> tuple[bytes, int]:
         data = bytes(self._buffer[:n])
