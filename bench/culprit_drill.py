@@ -26,7 +26,8 @@ from pathlib import Path
 import yaml
 
 from pathprobe import promql
-from pathprobe.monitoring import rules
+from pathprobe.monitoring import common
+from pathprobe.monitoring.culprits import BAD, CULPRIT, CULPRIT_ALERTS, path_signals
 from pathprobe.monitoring.params import Params
 from pathprobe_lab import demo, net, shaping
 from pathprobe_lab.configs import exporter_config, lab_alert_params, rotation_seconds
@@ -85,8 +86,10 @@ def set_paths(paths: list[tuple[str, str]], spec_of: Callable[[str, str, PathSpe
 
 def shape(prom: str, paths: list[tuple[str, str]], share: float) -> Callable[[], None]:
     """Each path's rate to `share` of its expected."""
-    return set_paths(paths, lambda src, dst, s: PathSpec(share * expected_bits(prom, src, dst), s.one_way_delay,
-                                                         s.loss, s.path_class))  # fmt: skip
+    return set_paths(
+        paths,
+        lambda src, dst, s: PathSpec(share * expected_bits(prom, src, dst), s.one_way_delay, s.loss, s.path_class),
+    )
 
 
 def lossy(paths: list[tuple[str, str]], loss: float) -> Callable[[], None]:
@@ -106,20 +109,39 @@ def pairs(where: Callable[[str, str], bool]) -> list[tuple[str, str]]:
 Cause = Callable[[str], Callable[[], None]]
 # (fault, the alert Alertmanager should hold alone (its warning form), how to cause it)
 FAULTS: list[tuple[str, str, Cause]] = [
-    ("(a) tokyo-a1's egress at a fifth", "PathprobeHostDegraded host=tokyo-a1 side=egress",
-     lambda prom: shape(prom, pairs(lambda a, b: a == "tokyo-a1"), 0.2)),
-    ("(b) tokyo-a1's ingress at a fifth", "PathprobeHostDegraded host=tokyo-a1 side=ingress",
-     lambda prom: shape(prom, pairs(lambda a, b: b == "tokyo-a1"), 0.2)),
-    ("(c) Tokyo -> Osaka at half", "PathprobeRegionPairDegraded ap-northeast-1 -> ap-northeast-3",
-     lambda prom: shape(prom, pairs(lambda a, b: REGION[a] == "ap-northeast-1" and REGION[b] == "ap-northeast-3"),
-                        0.5)),
-    ("(d) zone ap-northeast-1a at 3% loss", "PathprobeZoneDegraded zone=ap-northeast-1a",
-     lambda prom: lossy(pairs(lambda a, b: "ap-northeast-1a" in (ZONE[a], ZONE[b])), 0.03)),
-    ("(e) tokyo-c1's Transit Gateway attachment at half", "PathprobeTransitGatewayAttachmentDegraded "
-     "attachment=tgw-attach-tokyo-c1 side=egress", lambda prom: attachment_cap("tokyo-c1", TGW_CAP / 2)),
-    ("(f) tokyo-a2 -> osaka-a1 alone at a fifth", "PathprobeThroughputFarBelowExpected tokyo-a2 -> osaka-a1",
-     lambda prom: shape(prom, [("tokyo-a2", "osaka-a1")], 0.2)),
-]  # fmt: skip
+    (
+        "(a) tokyo-a1's egress at a fifth",
+        "PathprobeHostDegraded host=tokyo-a1 side=egress",
+        lambda prom: shape(prom, pairs(lambda a, b: a == "tokyo-a1"), 0.2),
+    ),
+    (
+        "(b) tokyo-a1's ingress at a fifth",
+        "PathprobeHostDegraded host=tokyo-a1 side=ingress",
+        lambda prom: shape(prom, pairs(lambda a, b: b == "tokyo-a1"), 0.2),
+    ),
+    (
+        "(c) Tokyo -> Osaka at half",
+        "PathprobeRegionPairDegraded ap-northeast-1 -> ap-northeast-3",
+        lambda prom: shape(
+            prom, pairs(lambda a, b: REGION[a] == "ap-northeast-1" and REGION[b] == "ap-northeast-3"), 0.5
+        ),
+    ),
+    (
+        "(d) zone ap-northeast-1a at 3% loss",
+        "PathprobeZoneDegraded zone=ap-northeast-1a",
+        lambda prom: lossy(pairs(lambda a, b: "ap-northeast-1a" in (ZONE[a], ZONE[b])), 0.03),
+    ),
+    (
+        "(e) tokyo-c1's Transit Gateway attachment at half",
+        "PathprobeTransitGatewayAttachmentDegraded attachment=tgw-attach-tokyo-c1 side=egress",
+        lambda prom: attachment_cap("tokyo-c1", TGW_CAP / 2),
+    ),
+    (
+        "(f) tokyo-a2 -> osaka-a1 alone at a fifth",
+        "PathprobeThroughputFarBelowExpected tokyo-a2 -> osaka-a1",
+        lambda prom: shape(prom, [("tokyo-a2", "osaka-a1")], 0.2),
+    ),
+]
 
 
 def warning_form(alert: str) -> str:
@@ -155,19 +177,22 @@ def culprits(prom: str) -> set[str]:
 
 def strays(prom: str, signals: dict[str, str], want: str) -> dict[str, str]:
     """The culprits the rules name now (pending ones too) other than `want`, each with what makes its
-    paths bad: for a host, each bad path and its bad signals (rules.path_signals)."""
+    paths bad: for a host, each bad path and its bad signals (path_signals)."""
     found = {}
-    for c in promql.query(prom, rules.CULPRIT):
+    for c in promql.query(prom, CULPRIT):
         labels = c["metric"]
-        name = describe(labels | {"alertname": rules.CULPRIT_ALERTS[labels["scope"]]})
+        name = describe(labels | {"alertname": CULPRIT_ALERTS[labels["scope"]]})
         if name == warning_form(want):
             continue
         why = ""
         if labels["scope"] == "host":
             end = "host" if labels["side"] == "egress" else "peer"
-            bad = [f"{r['metric']['host']} -> {r['metric']['peer']} {signal} {float(r['value'][1]):g}"
-                   for signal, expr in signals.items() for r in promql.query(prom, f"({expr}) > 0")
-                   if r["metric"].get(end) == labels["host"]]  # fmt: skip
+            bad = [
+                f"{r['metric']['host']} -> {r['metric']['peer']} {signal} {float(r['value'][1]):g}"
+                for signal, expr in signals.items()
+                for r in promql.query(prom, f"({expr}) > 0")
+                if r["metric"].get(end) == labels["host"]
+            ]
             why = ": " + ", ".join(sorted(bad))
         found[name] = why
     return found
@@ -181,8 +206,12 @@ def per_path_firing(prom: str) -> int:
 def firing_notifications(log: Path, seen: int) -> list[tuple[str, float]]:
     """Each firing alert of the notifications after the first `seen`, with when it started firing
     (Unix time, from Alertmanager's startsAt)."""
-    return [(describe(a["labels"]), started(a["startsAt"])) for line in log.read_text().splitlines()[seen:]
-            for a in json.loads(line)["alerts"] if a["status"] == "firing"]  # fmt: skip
+    return [
+        (describe(a["labels"]), started(a["startsAt"]))
+        for line in log.read_text().splitlines()[seen:]
+        for a in json.loads(line)["alerts"]
+        if a["status"] == "firing"
+    ]
 
 
 def started(rfc3339: str) -> float:
@@ -207,17 +236,26 @@ def wait(what: str, check: Callable[[], bool], timeout: float) -> float | None:
     return None
 
 
-def one_fault(prom: str, am: str, log: Path, rotation: float, fault: tuple[str, str, Cause],  # noqa: PLR0913, PLR0917 - the lab's handles and one fault
-              before: set[str], params: Params) -> tuple[list[str], dict[str, str]]:  # fmt: skip
+def one_fault(  # noqa: PLR0913, PLR0917 - the lab's handles and one fault
+    prom: str,
+    am: str,
+    log: Path,
+    rotation: float,
+    fault: tuple[str, str, Cause],
+    before: set[str],
+    params: Params,
+) -> tuple[list[str], dict[str, str]]:
     """One fault, caused and restored: its row of the table, and the stray culprits named (when, and
     why). `before`: what Alertmanager held on the healthy mesh (the Transit Gateway capacity warnings
     of tokyo-c1's attachment, which its tests fill)."""
     name, want, cause = fault
-    signals = rules.path_signals(params)
+    signals = path_signals(params)
     # A fault held at least this long reaches its steady state, as a fault of minutes does: its loss
     # window full of faulty echoes, and the per-path alerts' `for` past that (their pages, if any).
-    steady = sum(rules.duration_seconds(d) for d in (params.loss_window, params.loss_for, params.evaluation_interval,
-                                                     params.evaluation_interval))  # fmt: skip
+    steady = sum(
+        common.duration_seconds(d)
+        for d in (params.loss_window, params.loss_for, params.evaluation_interval, params.evaluation_interval)
+    )
     print(f"{name} ...", flush=True)
     seen = len(log.read_text().splitlines())
     start, fault_at = time.monotonic(), time.time()
@@ -267,13 +305,24 @@ def one_fault(prom: str, am: str, log: Path, rotation: float, fault: tuple[str, 
             print(f"  notified {n}: firing since {when}", flush=True)
     # A culprit's warning or critical form (...Degraded, ...Failing): how far below the shaping puts a
     # test decides which.
-    ok = (to_page is not None and {warning_form(h) for h in holding} == {want}
-          and {warning_form(n) for n in named} <= {want} and {warning_form(n) for n in notified} == {want})  # fmt: skip
+    ok = (
+        to_page is not None
+        and {warning_form(h) for h in holding} == {want}
+        and {warning_form(n) for n in named} <= {want}
+        and {warning_form(n) for n in notified} == {want}
+    )
     sent = "; ".join(f"{n} x{notified.count(n)}" for n in sorted(set(notified))) or "-"
     others = sorted(n for n in named if warning_form(n) != want)
-    row = [name, "; ".join(sorted(holding)) or "-", "; ".join(others) or "none", str(behind),
-           sent, "-" if to_page is None else f"{to_page:.0f} s",
-           "-" if to_quiet is None else f"{to_quiet:.0f} s", "yes" if ok else "NO"]  # fmt: skip
+    row = [
+        name,
+        "; ".join(sorted(holding)) or "-",
+        "; ".join(others) or "none",
+        str(behind),
+        sent,
+        "-" if to_page is None else f"{to_page:.0f} s",
+        "-" if to_quiet is None else f"{to_quiet:.0f} s",
+        "yes" if ok else "NO",
+    ]
     return row, stray_causes
 
 
@@ -296,23 +345,38 @@ def main() -> int:
             webhook = demo.start_webhook(log, WEBHOOK_PORT)
             rotation = rotation_seconds(TOPOLOGY, SLOT)
             params = lab_alert_params(rotation)
-            prom, am = demo.start_monitoring(TOPOLOGY, work, PROM_PORT, AM_PORT, REPO / "alerts" / "alertmanager.yml",
-                                             params, webhook_port=WEBHOOK_PORT)  # fmt: skip
+            prom, am = demo.start_monitoring(
+                TOPOLOGY,
+                work,
+                PROM_PORT,
+                AM_PORT,
+                REPO / "alerts" / "alertmanager.yml",
+                params,
+                webhook_port=WEBHOOK_PORT,
+            )
             print(f"six hosts, rotation {rotation:.0f} s; waiting for two rotations of healthy results", flush=True)
             every_path = len(HOSTS) * (len(HOSTS) - 1)
-            wait("every path's state", lambda: len(promql.query(prom, rules.BAD)) == every_path, 4 * rotation)
+            wait("every path's state", lambda: len(promql.query(prom, BAD)) == every_path, 4 * rotation)
             time.sleep(2 * rotation)
             before = held(am)
-            print(f"healthy: held {sorted(before) or 'nothing'}, culprits {sorted(culprits(prom)) or 'none'}",
-                  flush=True)  # fmt: skip
+            print(
+                f"healthy: held {sorted(before) or 'nothing'}, culprits {sorted(culprits(prom)) or 'none'}", flush=True
+            )
             drills = [one_fault(prom, am, log, rotation, fault, before, params) for fault in faults]
         finally:
             if webhook:
                 webhook.shutdown()
             net.down()
-    head = ["fault", "Alertmanager holds (not inhibited)", "other culprits named", "per-path alerts behind it",
-            "firing alerts notified (times)", "fault -> page", "restore -> quiet",
-            "right culprit alone, one page"]  # fmt: skip
+    head = [
+        "fault",
+        "Alertmanager holds (not inhibited)",
+        "other culprits named",
+        "per-path alerts behind it",
+        "firing alerts notified (times)",
+        "fault -> page",
+        "restore -> quiet",
+        "right culprit alone, one page",
+    ]
     print("\n| " + " | ".join(head) + " |\n|" + " --- |" * len(head))
     for row, _ in drills:
         print("| " + " | ".join(row) + " |")

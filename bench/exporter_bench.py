@@ -8,8 +8,15 @@ Run: .venv/bin/python bench/exporter_bench.py   (loopback only; about 3.5 minute
      .venv/bin/python bench/exporter_bench.py --late N   (the load answered late, N runs; about 1 minute each)
      .venv/bin/python bench/exporter_bench.py --idle   (the idle-connection rows only; about 2 minutes)
      .venv/bin/python bench/exporter_bench.py --reload   (the large-reload rows only; about 1 minute)
+     .venv/bin/python bench/exporter_bench.py --host [MINUTES] [--fill SECONDS] [--trace] [--profile]
+         (what a fleet host pays: the shipped defaults at 50 peers, measured once the quantile window has
+         filled, --fill SECONDS to start sooner for a quick run, over MINUTES (default 5), scraped every 15 s;
+         --trace: tracemalloc's top at the fill and at the end, --profile: cProfile's; either skews the
+         figures, so take them from a run without)
 Targets: scrape p99 < 20 ms, idle RSS < 60 MB, < 3% of one core for 50 peers' continuous probes
-(scraped every 15 s, as the docker-compose stack's Prometheus scrapes);
+(scraped every 15 s, as the docker-compose stack's Prometheus scrapes); a fleet host (--host): at most
+1.5% of a core and 60 MB RSS after the window fills, an RSS slope zero within its uncertainty, a scrape
+served in < 10 ms;
 with 1,000 idle connections from 10 addresses held open, scrape p99 as without them;
 a 10,000-member hierarchical mesh: check-config < 1 s, a reload's time on the event loop < 0.1 s.
 """
@@ -42,9 +49,11 @@ from prometheus_client import generate_latest
 
 from pathprobe.config import Config
 from pathprobe.exporter import Exporter
-from pathprobe.metrics import TestKey, registry
+from pathprobe.keys import TestKey
+from pathprobe.metrics import registry
 from pathprobe.probes import ThroughputResult
-from pathprobe.probes.base import PACE_SECONDS, OneWay, Pacer, sleep_until
+from pathprobe.probes.echo import OneWay
+from pathprobe.probes.pacer import PACE_SECONDS, Pacer, sleep_until
 from pathprobe.web import serve
 
 PATHPROBE = [sys.executable, "-m", "pathprobe"]
@@ -61,10 +70,16 @@ def peer_address(i: int) -> str:
 
 def mesh(n: int, port: int = RESPONDER_PORT, **probes: object) -> dict:
     peers = [
-        {"name": f"peer-{i:03d}", "address": peer_address(i), "region": f"region-{i % 12}",
-         "path_class": "inter_region", "rr_port": port, "echo_port": port}
+        {
+            "name": f"peer-{i:03d}",
+            "address": peer_address(i),
+            "region": f"region-{i % 12}",
+            "path_class": "inter_region",
+            "rr_port": port,
+            "echo_port": port,
+        }
         for i in range(n)
-    ]  # fmt: skip
+    ]
     return {
         "host": {"name": "bench", "address": "127.0.0.1", "region": "region-0"},
         "peers": peers,
@@ -89,8 +104,20 @@ def scrape_latency(peers: int = 500, scrapes: int = 300) -> dict[str, float]:
                 rooms.rtt.observe(peer.name, proto, rnd.uniform(0.001, 0.2))
         for key in cfg.throughput_for(peer).tests():
             protocol, streams, direction = key
-            r = ThroughputResult(protocol, int(streams), direction, 5, 1, None, None, 6e8, 6e8, 3 * 10**9,
-                                 retransmits=3, timestamp=time.time())  # fmt: skip
+            r = ThroughputResult(
+                protocol,
+                int(streams),
+                direction,
+                5,
+                1,
+                None,
+                None,
+                6e8,
+                6e8,
+                3 * 10**9,
+                retransmits=3,
+                timestamp=time.time(),
+            )
             rooms.throughput.record(TestKey.of(peer.name, key), r)
     server = serve(cfg.web, registry(exporter.rooms))
     url = "http://127.0.0.1:19469/metrics"
@@ -110,8 +137,13 @@ def scrape_latency(peers: int = 500, scrapes: int = 300) -> dict[str, float]:
     finally:
         server.shutdown()
     times.sort()
-    return {"p50": times[len(times) // 2], "p99": times[int(len(times) * 0.99)], "max": times[-1],
-            "bytes": len(body), "lines": body.count(b"\n")}  # fmt: skip
+    return {
+        "p50": times[len(times) // 2],
+        "p99": times[int(len(times) * 0.99)],
+        "max": times[-1],
+        "bytes": len(body),
+        "lines": body.count(b"\n"),
+    }
 
 
 def cpu_seconds(pid: int) -> float:
@@ -269,14 +301,19 @@ def idle_connections(peers: int = 50, scrapes: int = 1000, idle: int = 1000) -> 
     """Scrape p50/p99 of a real `pathprobe run` without and then with `idle` connections from
     10 addresses held open and re-opened, at the exporter and, for comparison, at a sink in
     another process (what the flood costs the machine alone); what the exporter counted."""
-    off = {"throughput": {"enabled": False}, "rtt": {"enabled": False}, "loss": {"enabled": False},
-           "mtu": {"enabled": False}}  # fmt: skip
+    off = {
+        "throughput": {"enabled": False},
+        "rtt": {"enabled": False},
+        "loss": {"enabled": False},
+        "mtu": {"enabled": False},
+    }
     url, sink_port = "http://127.0.0.1:19469/metrics", 19479
     with tempfile.TemporaryDirectory() as tmp:
         cfg_file = Path(tmp) / "bench.yaml"
         cfg_file.write_text(yaml.safe_dump(mesh(peers, **off)))
-        proc = subprocess.Popen([*PATHPROBE, "run", "--config", str(cfg_file)], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)  # fmt: skip
+        proc = subprocess.Popen(
+            [*PATHPROBE, "run", "--config", str(cfg_file)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         ready, stop = multiprocessing.Event(), multiprocessing.Event()
         sink = multiprocessing.Process(target=idle_sink, args=(sink_port, ready, stop))
         sink.start()
@@ -298,22 +335,31 @@ def idle_connections(peers: int = 50, scrapes: int = 1000, idle: int = 1000) -> 
         for line in text.splitlines()
         if line.startswith("pathprobe_web_refused_total{") and not line.endswith(" 0")
     }
-    return {"p50": quiet[len(quiet) // 2], "p99": quiet[int(len(quiet) * 0.99)],
-            "sink_p50": beside[len(beside) // 2], "sink_p99": beside[int(len(beside) * 0.99)],
-            "idle_p50": loaded[len(loaded) // 2], "idle_p99": loaded[int(len(loaded) * 0.99)],
-            "idle_max": loaded[-1], "fds": fds,
-            "slow_p50": slow[len(slow) // 2], "slow_p99": slow[int(len(slow) * 0.99)], "slow_max": slow[-1],
-            "slow_fds": slow_fds, **{f"refused_{k}": v for k, v in refused.items()}}  # fmt: skip
+    return {
+        "p50": quiet[len(quiet) // 2],
+        "p99": quiet[int(len(quiet) * 0.99)],
+        "sink_p50": beside[len(beside) // 2],
+        "sink_p99": beside[int(len(beside) * 0.99)],
+        "idle_p50": loaded[len(loaded) // 2],
+        "idle_p99": loaded[int(len(loaded) * 0.99)],
+        "idle_max": loaded[-1],
+        "fds": fds,
+        "slow_p50": slow[len(slow) // 2],
+        "slow_p99": slow[int(len(slow) * 0.99)],
+        "slow_max": slow[-1],
+        "slow_fds": slow_fds,
+        **{f"refused_{k}": v for k, v in refused.items()},
+    }
 
 
-def wait_ready(url: str) -> None:
-    deadline = time.monotonic() + 20
+def wait_ready(url: str, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError):
             urllib.request.urlopen(url, timeout=1).read()
             return
         time.sleep(0.2)
-    raise SystemExit(f"{url} did not answer in 20 s")
+    raise SystemExit(f"{url} did not answer in {seconds:g} s")
 
 
 def idle_rows() -> list[tuple[str, str, str]]:
@@ -321,24 +367,38 @@ def idle_rows() -> list[tuple[str, str, str]]:
     counted = ", ".join(f"{k.removeprefix('refused_')}={v:,.0f}" for k, v in i.items() if k.startswith("refused_"))
     return [
         ("scrape p50 / p99, 50 peers, unloaded (ms)", f"{i['p50'] * 1e3:.2f} / {i['p99'] * 1e3:.2f}", ""),
-        ("same, 1,000 idle conns at a sink beside it (ms)", f"{i['sink_p50'] * 1e3:.2f} / {i['sink_p99'] * 1e3:.2f}",
-         ""),
-        ("same, 1,000 idle conns from 10 addresses (ms)", f"{i['idle_p50'] * 1e3:.2f} / {i['idle_p99'] * 1e3:.2f}",
-         "~ above"),
+        (
+            "same, 1,000 idle conns at a sink beside it (ms)",
+            f"{i['sink_p50'] * 1e3:.2f} / {i['sink_p99'] * 1e3:.2f}",
+            "",
+        ),
+        (
+            "same, 1,000 idle conns from 10 addresses (ms)",
+            f"{i['idle_p50'] * 1e3:.2f} / {i['idle_p99'] * 1e3:.2f}",
+            "~ above",
+        ),
         ("  slowest scrape under them (ms)", f"{i['idle_max'] * 1e3:.2f}", "< 1000"),
         ("  exporter's open fds under them", f"{i['fds']:.0f}", ""),
-        ("same, the 1,000 sending a request's first line (ms)",
-         f"{i['slow_p50'] * 1e3:.2f} / {i['slow_p99'] * 1e3:.2f}", ""),
+        (
+            "same, the 1,000 sending a request's first line (ms)",
+            f"{i['slow_p50'] * 1e3:.2f} / {i['slow_p99'] * 1e3:.2f}",
+            "",
+        ),
         ("  slowest scrape under them (ms)", f"{i['slow_max'] * 1e3:.2f}", "< 1000"),
         ("  exporter's open fds under them", f"{i['slow_fds']:.0f}", ""),
         ("  counted (pathprobe_web_refused_total)", counted or "-", ""),
-    ]  # fmt: skip
+    ]
 
 
 def hierarchical(members: int) -> dict:
     """A hierarchical mesh of `members` in 20 regions, probes off (nothing but the reload costs)."""
-    cfg = mesh(members - 1, throughput={"enabled": False}, rtt={"enabled": False}, loss={"enabled": False},
-               mtu={"enabled": False})  # fmt: skip
+    cfg = mesh(
+        members - 1,
+        throughput={"enabled": False},
+        rtt={"enabled": False},
+        loss={"enabled": False},
+        mtu={"enabled": False},
+    )
     for i, peer in enumerate(cfg["peers"]):
         peer["region"], peer["address"] = f"region-{i % 20}", f"127.{1 + i // 62500}.{i // 250 % 250}.{1 + i % 250}"
     return cfg | {"mesh": {"rtt": {"kind": "hierarchical"}}}
@@ -358,12 +418,14 @@ def reload_rows(sizes: tuple[int, ...] = (1_000, 10_000)) -> list[tuple[str, str
                 t0 = time.monotonic()
                 subprocess.run([*PATHPROBE, "check-config", str(large)], check=True, capture_output=True)
                 checks.append(time.monotonic() - t0)
-            rows.append((f"check-config, {n:,} members (s, best of 3)", f"{min(checks):.2f}",
-                         "< 1" if n == 10_000 else ""))  # fmt: skip
+            rows.append(
+                (f"check-config, {n:,} members (s, best of 3)", f"{min(checks):.2f}", "< 1" if n == 10_000 else "")
+            )
             cfg = Path(tmp) / "pathprobe.yaml"
             cfg.write_bytes(small.read_bytes())
-            proc = subprocess.Popen([*PATHPROBE, "run", "--config", str(cfg)], stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, text=True)  # fmt: skip
+            proc = subprocess.Popen(
+                [*PATHPROBE, "run", "--config", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            )
             try:
                 wait_ready("http://127.0.0.1:19469/metrics")
                 before = rss_mb(proc.pid)
@@ -379,8 +441,13 @@ def reload_rows(sizes: tuple[int, ...] = (1_000, 10_000)) -> list[tuple[str, str
             if found is None:
                 raise SystemExit(f"the reload of {n:,} members failed: {line.strip()}")
             off, on = float(found[1]), float(found[2])
-            rows.append(("  reload to it: off / on the event loop (s)", f"{off:.2f} / {on:.3f}",
-                         "- / < 0.1" if n == 10_000 else ""))  # fmt: skip
+            rows.append(
+                (
+                    "  reload to it: off / on the event loop (s)",
+                    f"{off:.2f} / {on:.3f}",
+                    "- / < 0.1" if n == 10_000 else "",
+                )
+            )
             rows.append(("  exporter RSS before / after (MB)", f"{before:.0f} / {after:.0f}", ""))
     return rows
 
@@ -389,12 +456,27 @@ def reload_rows(sizes: tuple[int, ...] = (1_000, 10_000)) -> list[tuple[str, str
 def responders() -> Iterator[None]:
     """One `pathprobe serve` answering every peer of mesh(): it listens on every address, so that
     it answers all of 127.0.x.y (loopback only)."""
-    proc = subprocess.Popen([*PATHPROBE, "serve", "--listen", "0.0.0.0", "--allow", "127.0.0.0/8",
-                             "--rr-port", str(RESPONDER_PORT), "--echo-port", str(RESPONDER_PORT),
-                             "--iperf3-port", "15201",
-                             # every prober connects from 127.0.0.1 here, 8 flows each
-                             "--rr-max-connections-per-source", "1000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            *PATHPROBE,
+            "serve",
+            "--listen",
+            "0.0.0.0",
+            "--allow",
+            "127.0.0.0/8",
+            "--rr-port",
+            str(RESPONDER_PORT),
+            "--echo-port",
+            str(RESPONDER_PORT),
+            "--iperf3-port",
+            "15201",
+            # every prober connects from 127.0.0.1 here, 8 flows each
+            "--rr-max-connections-per-source",
+            "1000",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline()  # ready
         yield
@@ -433,13 +515,15 @@ def delayed_answers(peers: int) -> Iterator[None]:
         relay.join(timeout=10)
 
 
-def relay_process(delays: dict[str, float], ready: multiprocessing.synchronize.Event,
-                  stop: multiprocessing.synchronize.Event) -> None:  # fmt: skip
+def relay_process(
+    delays: dict[str, float], ready: multiprocessing.synchronize.Event, stop: multiprocessing.synchronize.Event
+) -> None:
     asyncio.run(relay(delays, ready, stop))
 
 
-async def relay(delays: dict[str, float], ready: multiprocessing.synchronize.Event,
-                stop: multiprocessing.synchronize.Event) -> None:  # fmt: skip
+async def relay(
+    delays: dict[str, float], ready: multiprocessing.synchronize.Event, stop: multiprocessing.synchronize.Event
+) -> None:
     loop = asyncio.get_running_loop()
 
     class Datagrams(asyncio.DatagramProtocol):
@@ -486,8 +570,9 @@ async def relay(delays: dict[str, float], ready: multiprocessing.synchronize.Eve
                 while data := await up_reader.read(65536):
                     writer.write(data)
 
-        await asyncio.wait([asyncio.create_task(toward()), asyncio.create_task(back())],
-                           return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        await asyncio.wait(
+            [asyncio.create_task(toward()), asyncio.create_task(back())], return_when=asyncio.FIRST_COMPLETED
+        )
         up_writer.close()
         writer.close()
 
@@ -501,8 +586,12 @@ async def relay(delays: dict[str, float], ready: multiprocessing.synchronize.Eve
 
 
 # The continuous probes at their defaults (config.py), nothing else.
-OFF = {"throughput": {"enabled": False}, "rtt": {"enabled": False}, "loss": {"enabled": False},
-       "mtu": {"enabled": False}}  # fmt: skip
+OFF = {
+    "throughput": {"enabled": False},
+    "rtt": {"enabled": False},
+    "loss": {"enabled": False},
+    "mtu": {"enabled": False},
+}
 BUSY = {**OFF, "rtt": {}, "loss": {}}
 
 
@@ -522,14 +611,19 @@ def cost_rows(profile: Path | None = None) -> list[tuple[str, str, str]]:
         ("idle RSS, 50 peers (MB)", f"{idle_rss:.1f}", "< 60"),
         ("idle CPU, 50 peers (% of a core)", f"{idle_cpu * 100:.2f}", ""),
         (f"CPU, 50 peers x {rtt_per_second / 50:g} RTT/s (%)", f"{rtt_cpu * 100:.2f}", ""),
-        (f"CPU, 50 peers x ({rtt_per_second / 50:g} RTT/s + {echo_per_second / 50:g} echo/s) (%)",
-         f"{all_cpu * 100:.2f}", "< 3"),
-        (f"  the same, answered {low * 1e3:g}-{high * 1e3:g} ms late (%)",
-         f"{delayed_cpu * 100:.2f}", "< 3"),
-        ("  CPU per RTT exchange / per echo (us)",
-         f"{(rtt_cpu - idle_cpu) / rtt_per_second * 1e6:.0f} / {(all_cpu - rtt_cpu) / echo_per_second * 1e6:.0f}", ""),
+        (
+            f"CPU, 50 peers x ({rtt_per_second / 50:g} RTT/s + {echo_per_second / 50:g} echo/s) (%)",
+            f"{all_cpu * 100:.2f}",
+            "< 3",
+        ),
+        (f"  the same, answered {low * 1e3:g}-{high * 1e3:g} ms late (%)", f"{delayed_cpu * 100:.2f}", "< 3"),
+        (
+            "  CPU per RTT exchange / per echo (us)",
+            f"{(rtt_cpu - idle_cpu) / rtt_per_second * 1e6:.0f} / {(all_cpu - rtt_cpu) / echo_per_second * 1e6:.0f}",
+            "",
+        ),
         ("RSS, 50 peers probing (MB)", f"{max(rtt_rss, all_rss):.1f}", ""),
-    ]  # fmt: skip
+    ]
 
 
 def late_rows(runs: int) -> list[tuple[str, str, str]]:
@@ -567,8 +661,8 @@ def wakeup_cost(mode: str, peers: int = 50, rate: float = 5.0, seconds: float = 
     """Share of a core that the event loop's wake-ups alone cost: `peers` senders, `rate` sends a
     second each, at phases spread over the interval (as after reloads and back-offs; started
     together, sends fall due together by chance), with no send. "task": a task per sender that
-    sleeps until each send; "grid": the same on probes.base.sleep_until's grid; "pacer": one timer
-    for all of them (probes.base.Pacer), as the echo probes send."""
+    sleeps until each send; "grid": the same on probes.pacer.sleep_until's grid; "pacer": one timer
+    for all of them (probes.pacer.Pacer), as the echo probes send."""
 
     async def sender(phase: float, stop: float) -> None:
         loop = asyncio.get_running_loop()
@@ -595,18 +689,152 @@ def wakeup_cost(mode: str, peers: int = 50, rate: float = 5.0, seconds: float = 
 
 def wakeup_rows() -> list[tuple[str, str, str]]:
     costs = " / ".join(f"{wakeup_cost(mode) * 100:.2f}" for mode in ("task", "grid", "pacer"))
-    return [(f"  wake-ups alone, 250/s: task / {PACE_SECONDS * 1e3:g} ms grid / one timer (%)", costs, ""),
-            ("  a render, 50 peers' windows full (ms CPU)", f"{render_ms():.1f}", "")]  # fmt: skip
+    return [
+        (f"  wake-ups alone, 250/s: task / {PACE_SECONDS * 1e3:g} ms grid / one timer (%)", costs, ""),
+        ("  a render, 50 peers' windows full (ms CPU)", f"{render_ms():.1f}", ""),
+    ]
 
 
-def print_profile(stats_file: Path, top: int = 25) -> None:
+# What ships: every probe kind at its defaults but throughput (off unless a host is given turns).
+SHIPPED = {"throughput": {"enabled": False}}
+
+# Run in the exporter's place under tracemalloc: its top allocations by line, written to argv[1]
+# with a suffix of the seconds since start at each of the times in argv[2] (comma-separated); the
+# imports' code and tracemalloc's own left out.
+TRACED = """
+import runpy, sys, threading, time, tracemalloc
+out, times, started = sys.argv[1], [float(t) for t in sys.argv[2].split(",")], time.monotonic()
+tracemalloc.start(1)
+def dump():
+    for t in times:
+        time.sleep(max(0.0, started + t - time.monotonic()))
+        ours = [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen importlib.*")]
+        stats = tracemalloc.take_snapshot().filter_traces(ours).statistics("lineno")
+        lines = [f"{s.size / 1e6:8.2f} MB {s.count:8d} blocks  {s.traceback[0]}" for s in stats[:25]]
+        total = sum(s.size for s in stats) / 1e6
+        open(f"{out}.{t:.0f}s", "w").write(f"traced {total:.1f} MB\\n" + "\\n".join(lines) + "\\n")
+threading.Thread(target=dump, daemon=True).start()
+sys.argv = ["pathprobe", *sys.argv[3:]]
+runpy.run_module("pathprobe", run_name="__main__")
+"""
+
+
+def timed_scrapes(
+    url: str, every: float, stop: threading.Event, pid: int, out: list[tuple[float, float, float]]
+) -> None:
+    """As Prometheus: gzip, every `every` seconds until `stop`; each scrape's (monotonic time, wall
+    seconds it took, the exporter's RSS MB right after) appended to `out`."""
+    while True:
+        request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+        start = time.perf_counter()
+        with urllib.request.urlopen(request, timeout=5) as r:
+            r.read()
+        took = time.perf_counter() - start
+        out.append((time.monotonic(), took, rss_mb(pid)))
+        if stop.wait(every):
+            return
+
+
+def slope_per_hour(samples: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares slope of (seconds, MB) in MB/h and its standard error (the samples taken as
+    independent, which RSS sampled every 15 s is not quite: read it as a lower bound of the error)."""
+    n = len(samples)
+    xs, ys = [t / 3600 for t, _ in samples], [y for _, y in samples]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys, strict=True))
+    return slope, (residual / (n - 2) / sxx) ** 0.5 if n > 2 else float("nan")
+
+
+def host_cost(minutes: float, fill: float | None, trace: Path | None = None, profile: Path | None = None) -> dict:
+    """What a fleet host pays: a real `pathprobe run` at the shipped defaults (SHIPPED) with 50 peers
+    answered by responders(), scraped every SCRAPE_INTERVAL from its start, measured from when the
+    quantile window has filled (or after `fill` seconds) over `minutes`: CPU share of a core, RSS,
+    the scrapes' times, the RSS slope; with `trace`, tracemalloc's tops written beside it; with
+    `profile`, cProfile's statistics written there."""
+    cfg = mesh(50, **SHIPPED)
+    window = Config.model_validate(cfg).probes.rtt.quantile_window_seconds
+    settle = window + SCRAPE_INTERVAL if fill is None else fill
+    url = "http://127.0.0.1:19469/metrics"
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg_file = Path(tmp) / "bench.yaml"
+        cfg_file.write_text(yaml.safe_dump(cfg))
+        run = ["run", "--config", str(cfg_file)]
+        if trace is not None:
+            command = [sys.executable, "-c", TRACED, str(trace), f"{settle:.0f},{settle + minutes * 60:.0f}", *run]
+        elif profile is not None:
+            command = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "pathprobe", *run]
+        else:
+            command = [*PATHPROBE, *run]
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stop, scrapes = threading.Event(), []
+        scraper = threading.Thread(target=timed_scrapes, args=(url, SCRAPE_INTERVAL, stop, proc.pid, scrapes))
+        try:
+            wait_ready(url, 120)  # under tracemalloc, on a busy machine, a start takes a minute
+            began = time.monotonic()
+            scraper.start()
+            time.sleep(max(0.0, began + settle - time.monotonic()))
+            c0, t0, rss0 = cpu_seconds(proc.pid), time.monotonic(), rss_mb(proc.pid)
+            time.sleep(minutes * 60 + 1)  # the last scrape of the span in it
+            share = (cpu_seconds(proc.pid) - c0) / (time.monotonic() - t0)
+            rss1 = rss_mb(proc.pid)
+            body = urllib.request.urlopen(url, timeout=5).read()
+        finally:
+            stop.set()
+            if scraper.is_alive():
+                scraper.join(timeout=10)
+            proc.terminate()
+            proc.wait(timeout=30)
+    span = [(t - t0, took, rss) for t, took, rss in scrapes if t >= t0]
+    times = sorted(took for _, took, _ in span)
+    slope, error = slope_per_hour([(t, rss) for t, _, rss in span])
+    series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+    return {
+        "settle": settle,
+        "window": window,
+        "minutes": minutes,
+        "cpu": share,
+        "rss": (rss0, rss1, max(rss for _, _, rss in span)),
+        "p50": times[len(times) // 2],
+        "p99": times[min(len(times) - 1, int(len(times) * 0.99))],
+        "scrapes": len(times),
+        "slope": (slope, error),
+        "series": series,
+        "bytes": len(body),
+    }
+
+
+def host_rows(
+    minutes: float, fill: float | None, trace: Path | None, profile: Path | None
+) -> list[tuple[str, str, str]]:
+    h = host_cost(minutes, fill, trace, profile)
+    filled = "window filled" if h["settle"] >= h["window"] else f"window NOT filled ({h['window']:g} s)"
+    load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    rss0, rss1, peak = h["rss"]
+    slope, error = h["slope"]
+    return [
+        (f"fleet host: from {h['settle']:.0f} s ({filled}), {h['minutes']:g} min", "", ""),
+        ("  CPU, scraped every 15 s (% of a core)", f"{h['cpu'] * 100:.2f}", "<= 1.5"),
+        ("  RSS at start / end / peak (MB)", f"{rss0:.1f} / {rss1:.1f} / {peak:.1f}", "<= 60"),
+        ("  RSS slope (MB/h, +- 1 standard error)", f"{slope:+.2f} +- {error:.2f}", "0"),
+        (f"  scrape p50 / p99, {h['scrapes']} scrapes (ms)", f"{h['p50'] * 1e3:.2f} / {h['p99'] * 1e3:.2f}", "< 10"),
+        ("  exposition (series, KB)", f"{h['series']:,}, {h['bytes'] / 1e3:.0f}", ""),
+        ("  machine load at the end (1/5/15 min)", load, ""),
+    ]
+
+
+def print_profile(stats_file: Path, top: int = 25, what: str = "the full load answered late") -> None:
     """The functions that cost the exporter most time of their own, and their callers' share."""
-    print(f"\nprofile of the full load answered late ({top} functions by own time):")
+    print(f"\nprofile of {what} ({top} functions by own time):")
     pstats.Stats(str(stats_file)).sort_stats("tottime").print_stats(top)
 
 
 def main() -> None:
     mode = sys.argv[1:]
+    if mode[:1] == ["--host"]:
+        host(mode[1:])
+        return
     if mode == ["--idle"]:
         print_rows(idle_rows())
         return
@@ -639,6 +867,24 @@ def main() -> None:
         *reloads,
     ]
     print_rows(rows)
+
+
+def host(args: list[str]) -> None:
+    """--host [MINUTES] [--fill SECONDS] [--trace] [--profile]: the fleet host's rows, with the
+    responders; tracemalloc's tops or cProfile's printed after them."""
+    fill = float(args[args.index("--fill") + 1]) if "--fill" in args else None
+    rest = [
+        a for i, a in enumerate(args) if a not in ("--fill", "--trace", "--profile") and args[i - 1 : i] != ["--fill"]
+    ]
+    minutes = float(rest[0]) if rest else 5.0
+    with tempfile.TemporaryDirectory() as tmp, responders():
+        trace = Path(tmp) / "trace" if "--trace" in args else None
+        profile = Path(tmp) / "exporter.prof" if "--profile" in args else None
+        print_rows(host_rows(minutes, fill, trace, profile))
+        for top in sorted(Path(tmp).glob("trace.*"), key=lambda f: float(f.suffix[1:-1])):
+            print(f"\ntracemalloc top at {top.suffix[1:]} (by line):\n{top.read_text()}")
+        if profile is not None:
+            print_profile(profile, what="the shipped defaults, from the exporter's start")
 
 
 def print_rows(rows: list[tuple[str, str, str]]) -> None:

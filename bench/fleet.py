@@ -27,14 +27,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[1] / "exporter" / "src"))
 from prometheus_client.parser import text_string_to_metric_families
 
-from pathprobe.config import Config, RttSettings
+from pathprobe.config import Config
 from pathprobe.exporter import Exporter
+from pathprobe.keys import TestKey
 from pathprobe.mesh import Member, Policy, links
-from pathprobe.metrics import TestKey, registry
+from pathprobe.metrics import registry
 from pathprobe.metrics.rtt import STATES
 from pathprobe.plan import plan
+from pathprobe.probe_settings import RttSettings
 from pathprobe.probes import ThroughputResult
-from pathprobe.probes.base import OneWay
+from pathprobe.probes.echo import OneWay
 from pathprobe.schedule import Schedule
 from pathprobe.web import Snapshot, Stats
 
@@ -45,10 +47,13 @@ RTT_PER_SECOND = 1 / RttSettings().interval_seconds
 FLEETS = ((50, 5), (200, 12), (1000, 30))
 HIER2 = Policy(kind="hierarchical", scope="region", representatives=2)
 # name: (policy, peers outside the region exported compact: mesh.compact_outside)
-POLICIES = {"full_mesh": (Policy(), False), "full_mesh, compact outside region": (Policy(), True),
-            "hierarchical k=2": (HIER2, False),
-            "hierarchical k=2, compact outside region": (HIER2, True),
-            "hierarchical zone k=1": (Policy(kind="hierarchical", scope="zone", representatives=1), False)}  # fmt: skip
+POLICIES = {
+    "full_mesh": (Policy(), False),
+    "full_mesh, compact outside region": (Policy(), True),
+    "hierarchical k=2": (HIER2, False),
+    "hierarchical k=2, compact outside region": (HIER2, True),
+    "hierarchical zone k=1": (Policy(kind="hierarchical", scope="zone", representatives=1), False),
+}
 
 
 @dataclass(frozen=True)
@@ -69,42 +74,51 @@ def series_model(settings: dict | None = None) -> SeriesModel:
     the defaults), its rooms filled as healthy probing fills them (every test run, RTT and echo
     samples in both states, every MTU size carried), as /metrics serves it."""
     sides = [("near", "a", "intra_region"), ("far", "b", "inter_region")]
-    peers = [{"name": name, "address": f"127.0.0.{i + 2}", "region": region, "path_class": cls}
-             for i, (name, region, cls) in enumerate(sides)]  # fmt: skip
-    cfg = Config.model_validate({
-        "budget": {"state_file": "/nonexistent/budget.json"}, **(settings or {}),
-        "host": {"name": "me", "address": "127.0.0.1", "region": "a"}, "peers": peers,
-        "mesh": {"compact_outside": "region"},
-        # A bound stated, as chronyd or ClockBound state one on EC2: one-way delays are exported.
-        "clock": {"source": "stated", "error_bound_seconds": 1e-5},
-        "tcp_rmem_max_bytes": 6291456, "tcp_wmem_max_bytes": 4194304, "tcp_window_share": 0.5,
-    })  # fmt: skip
+    peers = [
+        {"name": name, "address": f"127.0.0.{i + 2}", "region": region, "path_class": cls}
+        for i, (name, region, cls) in enumerate(sides)
+    ]
+    cfg = Config.model_validate(
+        {
+            "budget": {"state_file": "/nonexistent/budget.json"},
+            **(settings or {}),
+            "host": {"name": "me", "address": "127.0.0.1", "region": "a"},
+            "peers": peers,
+            "mesh": {"compact_outside": "region"},
+            # A bound stated, as chronyd or ClockBound state one on EC2: one-way delays are exported.
+            "clock": {"source": "stated", "error_bound_seconds": 1e-5},
+            "tcp_rmem_max_bytes": 6291456,
+            "tcp_wmem_max_bytes": 4194304,
+            "tcp_window_share": 0.5,
+        }
+    )
     ex = Exporter(cfg)
     rooms = ex.rooms
     states = STATES if cfg.half_slot_need(with_margin=False) else ("idle",)  # "loaded": only beside tests
     for peer in cfg.peers:
         for state in states:
-            ex.load_state = lambda _peer, _now, state=state: state  # type: ignore[method-assign]
+            ex.load.of = lambda _peer, _now, state=state: state  # type: ignore[method-assign]
             for protocol in ("tcp", "udp") if cfg.probes.loss.enabled else ("tcp",):
                 rooms.rtt.observe(peer.name, protocol, 0.01)
         t = cfg.throughput_for(peer)
         for key in t.tests() if t.enabled else []:
-            result = ThroughputResult(key[0], int(key[1]), key[2], 5, 1, None, None, 6e8, 6e8, 3 * 10**9,
-                                      retransmits=0, timestamp=1.0)  # fmt: skip
+            result = ThroughputResult(
+                key[0], int(key[1]), key[2], 5, 1, None, None, 6e8, 6e8, 3 * 10**9, retransmits=0, timestamp=1.0
+            )
             rooms.throughput.record(TestKey.of(peer.name, key), result)
         for probe in ("rtt", "loss"):
             rooms.outcomes.success(probe, peer.name)
             rooms.outcomes.moved(probe, peer.name, 1)
-        echo = rooms.echo_sink(peer.name)
+        echo = ex.recorder("loss", peer.name)
         for state in states:  # one-way delays, idle and loaded, each way, trusted (10 ms against 20 us)
-            ex.load_state = lambda _peer, _now, state=state: state  # type: ignore[method-assign]
+            ex.load.of = lambda _peer, _now, state=state: state  # type: ignore[method-assign]
             echo.received(0.02, jitter=0.0, one_way=OneWay(0.01, 0.01, 1e-5, 0.0))
         echo.marks(0, 0, 0)
         echo.flows_failing(0, 0.0)
         echo.lost_by_direction(0, 0)
         rooms.echo.flows_failing(peer.name, "tcp", 0)
         if cfg.probes.mtu.enabled:
-            mtu = rooms.mtu_sink(peer.name)
+            mtu = ex.recorder("mtu", peer.name)
             for size in cfg.probes.mtu.sizes_for(peer.path_class.value):
                 mtu.mtu(size, True, None)
     for responder in ("rr", "echo"):  # it answered its peers
@@ -119,8 +133,10 @@ def series_model(settings: dict | None = None) -> SeriesModel:
 
 
 def fleet(hosts: int, regions: int) -> list[Member]:
-    return [Member(f"h{i:04d}", f"region-{i % regions:02d}", f"region-{i % regions:02d}{'abc'[(i // regions) % 3]}")
-            for i in range(hosts)]  # fmt: skip
+    return [
+        Member(f"h{i:04d}", f"region-{i % regions:02d}", f"region-{i % regions:02d}{'abc'[(i // regions) % 3]}")
+        for i in range(hosts)
+    ]
 
 
 def row(hosts: int, regions: int, name: str, args: argparse.Namespace, model: SeriesModel) -> list[str]:
@@ -156,10 +172,19 @@ def row(hosts: int, regions: int, name: str, args: argparse.Namespace, model: Se
     inter = [p for p in pairs if region[p[0]] != region[p[1]]]
     rtt = round(RTT_PER_SECOND * max(degree.values()))
     ok = max(per_region.values()) <= 1e6 and global_series <= 1e5 and rotation_h <= 6 and rtt <= 500
-    return [str(hosts), str(regions), name, f"{sum(degree.values()) / hosts:.1f} / {max(degree.values())}",
-            f"{rtt:,}", f"{max(per_host.values()):,}", f"{max(per_region.values()):,}", f"{global_series:,}",
-            f"{rotation_h:.1f} h ({slots} slots)", f"{per_host_day / 1e9:,.0f} GB",
-            f"{len(inter)} inter-region links; targets {'met' if ok else 'missed'}"]  # fmt: skip
+    return [
+        str(hosts),
+        str(regions),
+        name,
+        f"{sum(degree.values()) / hosts:.1f} / {max(degree.values())}",
+        f"{rtt:,}",
+        f"{max(per_host.values()):,}",
+        f"{max(per_region.values()):,}",
+        f"{global_series:,}",
+        f"{rotation_h:.1f} h ({slots} slots)",
+        f"{per_host_day / 1e9:,.0f} GB",
+        f"{len(inter)} inter-region links; targets {'met' if ok else 'missed'}",
+    ]
 
 
 # The budget plan (pathprobe plan, plan.py) of each fleet's busiest host: c6gn.xlarge everywhere,
@@ -177,16 +202,32 @@ def busiest_host_config(hosts: int, regions: int, policy: Policy) -> Config:
         degree[a] += 1
         degree[b] += 1
     me = max(members, key=lambda m: (degree[m.name], m.name))
-    peers = [{"name": m.name, "address": f"10.{i // 250}.{i % 250}.{1 + i // 62500}", "region": m.region,
-              "zone": m.zone, "instance_type": PLAN_INSTANCE,
-              "path_class": "intra_region" if m.region == me.region else "inter_region"}
-             for i, m in enumerate(members) if m is not me]  # fmt: skip
-    return Config.model_validate({
-        "host": {"name": me.name, "address": "10.255.255.1", "region": me.region, "zone": me.zone,
-                 "instance_type": PLAN_INSTANCE},
-        "peers": peers, "mesh": {"rtt": policy.model_dump()},
-        "budget": {"price_per_gb": PLAN_PRICES, "state_file": "/nonexistent/budget.json"},
-    })  # fmt: skip
+    peers = [
+        {
+            "name": m.name,
+            "address": f"10.{i // 250}.{i % 250}.{1 + i // 62500}",
+            "region": m.region,
+            "zone": m.zone,
+            "instance_type": PLAN_INSTANCE,
+            "path_class": "intra_region" if m.region == me.region else "inter_region",
+        }
+        for i, m in enumerate(members)
+        if m is not me
+    ]
+    return Config.model_validate(
+        {
+            "host": {
+                "name": me.name,
+                "address": "10.255.255.1",
+                "region": me.region,
+                "zone": me.zone,
+                "instance_type": PLAN_INSTANCE,
+            },
+            "peers": peers,
+            "mesh": {"rtt": policy.model_dump()},
+            "budget": {"price_per_gb": PLAN_PRICES, "state_file": "/nonexistent/budget.json"},
+        }
+    )
 
 
 def plan_rows() -> list[list[str]]:
@@ -198,8 +239,12 @@ def plan_rows() -> list[list[str]]:
             for steady in (False, True):
                 p = plan(cfg, steady_state=steady)
                 fits = p.within_budget()
-                cells += [f"{p.bytes_per_rotation / 1e9:,.0f} GB", f"{fits.slot_seconds:,.0f} s",
-                          f"{fits.rotation_seconds / 3600:,.1f} h", f"{fits.tests_per_peer_per_day:.2f}"]  # fmt: skip
+                cells += [
+                    f"{p.bytes_per_rotation / 1e9:,.0f} GB",
+                    f"{fits.slot_seconds:,.0f} s",
+                    f"{fits.rotation_seconds / 3600:,.1f} h",
+                    f"{fits.tests_per_peer_per_day:.2f}",
+                ]
             cells.append(f"${p.within_budget().cost_per_day:.2f}")
             rows.append(cells)
     return rows
@@ -211,9 +256,19 @@ def main() -> int:
     parser.add_argument("--test-gb", type=float, default=0.6, help="GB one test moves (0.6: 5 s at 1 Gbit/s)")
     parser.add_argument("--tests-per-turn", type=int, default=2)
     args = parser.parse_args()
-    head = ["hosts", "regions", "policy", "peers/host mean/max", "RTT probes/s (max host)", "series/host (max)",
-            "series/regional Prometheus (max)", "series, global view", "throughput rotation", "probe bytes/day/host",
-            "notes"]  # fmt: skip
+    head = [
+        "hosts",
+        "regions",
+        "policy",
+        "peers/host mean/max",
+        "RTT probes/s (max host)",
+        "series/host (max)",
+        "series/regional Prometheus (max)",
+        "series, global view",
+        "throughput rotation",
+        "probe bytes/day/host",
+        "notes",
+    ]
     model = series_model()
     print(
         f"series per exporter (measured on the rooms, default probes): {model.base} of its own, "
@@ -224,9 +279,21 @@ def main() -> int:
     print("|" + " --- |" * len(head))
     for r in rows:
         print("| " + " | ".join(r) + " |")
-    head = ["hosts", "regions", "policy", "throughput peers (busiest host)",
-            "fixed: GB per rotation", "slot", "rotation", "tests per peer per day",
-            "steady-state: GB per rotation", "slot", "rotation", "tests per peer per day", "cost per day"]  # fmt: skip
+    head = [
+        "hosts",
+        "regions",
+        "policy",
+        "throughput peers (busiest host)",
+        "fixed: GB per rotation",
+        "slot",
+        "rotation",
+        "tests per peer per day",
+        "steady-state: GB per rotation",
+        "slot",
+        "rotation",
+        "tests per peer per day",
+        "cost per day",
+    ]
     print(
         f"\nwithin the 50 GB daily budget (pathprobe plan; busiest host, {PLAN_INSTANCE}, default tests, "
         f"example prices {PLAN_PRICES}):\n"

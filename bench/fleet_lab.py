@@ -31,8 +31,12 @@ from pathprobe_lab.configs import METRICS_PORT, exporter_config
 from pathprobe_lab.state import in_ns, ns, spawn
 from pathprobe_lab.topology import Topology, address
 
-PROBES = {"throughput": {"enabled": False}, "rtt": {"interval_seconds": 1.0}, "loss": {"rate_pps": 1},
-          "mtu": {"sizes": [1500]}}  # fmt: skip
+PROBES = {
+    "throughput": {"enabled": False},
+    "rtt": {"interval_seconds": 1.0},
+    "loss": {"rate_pps": 1},
+    "mtu": {"sizes": [1500]},
+}
 MESH = {"rtt": {"kind": "hierarchical", "scope": "region", "representatives": 2}}
 
 
@@ -57,8 +61,11 @@ def start_exporters(
         parsed = Config.model_validate(cfg)
         expected[h.name] = model.per_host(len(parsed.rtt_peers))
         addrs[h.name] = address(i)
-        proc = spawn(in_ns(ns(h.name), [sys.executable, "-m", "pathprobe", "run", "--config", str(cfg_file)]),
-                     work / f"{h.name}.log", f"exporter {h.name}")  # fmt: skip
+        proc = spawn(
+            in_ns(ns(h.name), [sys.executable, "-m", "pathprobe", "run", "--config", str(cfg_file)]),
+            work / f"{h.name}.log",
+            f"exporter {h.name}",
+        )
         pids[h.name] = proc.pid
     return pids, expected, addrs
 
@@ -69,8 +76,9 @@ def main() -> int:
     parser.add_argument("--regions", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=60, help="the CPU window, after a 30 s warm-up")
     args = parser.parse_args()
-    topo = Topology.model_validate({"hosts": [{"name": f"h{i:02d}", "region": f"r{i % args.regions}"}
-                                              for i in range(args.hosts)]})  # fmt: skip
+    topo = Topology.model_validate(
+        {"hosts": [{"name": f"h{i:02d}", "region": f"r{i % args.regions}"} for i in range(args.hosts)]}
+    )
     net.down()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

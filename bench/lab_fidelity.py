@@ -46,11 +46,15 @@ hosts:
 )
 DST = address(2)
 # Two paths through the one router: a->b carries a test at the most the lab shapes, c->d is idle.
-TWO_PATHS = Topology.model_validate({
-    "hosts": [{"name": name, "region": f"r{i}"} for i, name in enumerate("abcd", start=1)],
-    "paths": [{"between": ["r1", "r2"], "rate": "2G", "one_way_delay": "0.25ms"},
-              {"between": ["r3", "r4"], "one_way_delay": "0.25ms"}],
-})  # fmt: skip
+TWO_PATHS = Topology.model_validate(
+    {
+        "hosts": [{"name": name, "region": f"r{i}"} for i, name in enumerate("abcd", start=1)],
+        "paths": [
+            {"between": ["r1", "r2"], "rate": "2G", "one_way_delay": "0.25ms"},
+            {"between": ["r3", "r4"], "one_way_delay": "0.25ms"},
+        ],
+    }
+)
 # 1,000 samples every 10 ms on the idle path (a p99 of ten, not five, of them), during the test past its slow start.
 IDLE_SAMPLES = 1000
 LOADED_SECONDS = 13
@@ -86,16 +90,23 @@ def throughput_rows() -> list[list[str]]:
         shape(rate, one_way)
         pp = json.loads(
             in_src(
-                [*PATHPROBE, "probe", "throughput", DST, "-t", "4", "-O", "1", "-P", "4", "--fixed-length", "--json"]
+                [*PATHPROBE, "probe", "throughput", DST, "-t", "4s", "-O", "1s", "-P", "4", "--fixed-length", "--json"]
             )
         )
         ip = json.loads(in_src(["iperf3", "-c", DST, "-t", "4", "-O", "1", "-P", "4", "-J"]))
         got = pp["receiver_bytes_per_second"] * 8
         plain = ip["end"]["sum_received"]["bits_per_second"]
         want = payload(rate)
-        rows.append([f"{rate / 1e6:g} Mbit/s, {2 * one_way * 1e3:g} ms RTT", f"{want / 1e6:.1f}",
-                     f"{got / 1e6:.1f}", f"{(got - want) / want:+.2%}", f"{plain / 1e6:.1f}",
-                     "ok" if abs(got - want) <= 0.03 * want else "MISS"])  # fmt: skip
+        rows.append(
+            [
+                f"{rate / 1e6:g} Mbit/s, {2 * one_way * 1e3:g} ms RTT",
+                f"{want / 1e6:.1f}",
+                f"{got / 1e6:.1f}",
+                f"{(got - want) / want:+.2%}",
+                f"{plain / 1e6:.1f}",
+                "ok" if abs(got - want) <= 0.03 * want else "MISS",
+            ]
+        )
     return rows
 
 
@@ -103,16 +114,25 @@ def rtt_rows() -> list[list[str]]:
     rows = []
     for rtt in (0.0005, 0.008, 0.020, 0.040, 0.074, 0.080):
         shape(None, rtt / 2)
-        pp = json.loads(in_src([*PATHPROBE, "probe", "rtt", DST, "-c", "100", "-i", "0.05", "--json"]))
-        echo = json.loads(in_src([*PATHPROBE, "probe", "loss", DST, "-c", "100", "--rate", "20", "--json"]))
+        pp = json.loads(in_src([*PATHPROBE, "probe", "rtt", DST, "-c", "100", "-i", "50ms", "--json"]))
+        echo = json.loads(in_src([*PATHPROBE, "probe", "loss", DST, "-c", "100", "--rate", "20/s", "--json"]))
         ping = in_src(["ping", "-q", "-c", "50", "-i", "0.05", DST])
         ping_avg = float(re.search(r"= [\d.]+/([\d.]+)/", ping).group(1)) / 1e3  # type: ignore[union-attr]
         p50, udp = pp["rtt_seconds"]["p50"], echo["rtt_seconds"]["p50"]
         allowed = 0.0005 + 0.02 * rtt
         ok = abs(p50 - rtt) <= allowed and abs(udp - rtt) <= allowed
-        rows.append([f"{rtt * 1e3:g} ms", f"{p50 * 1e3:.3f}", f"{(p50 - rtt) * 1e3:+.3f}", f"{udp * 1e3:.3f}",
-                     f"{(udp - rtt) * 1e3:+.3f}", f"{allowed * 1e3:.2f}", f"{ping_avg * 1e3:.3f}",
-                     "ok" if ok else "MISS"])  # fmt: skip
+        rows.append(
+            [
+                f"{rtt * 1e3:g} ms",
+                f"{p50 * 1e3:.3f}",
+                f"{(p50 - rtt) * 1e3:+.3f}",
+                f"{udp * 1e3:.3f}",
+                f"{(udp - rtt) * 1e3:+.3f}",
+                f"{allowed * 1e3:.2f}",
+                f"{ping_avg * 1e3:.3f}",
+                "ok" if ok else "MISS",
+            ]
+        )
     return rows
 
 
@@ -120,8 +140,9 @@ def loss_rows() -> list[list[str]]:
     rows = []
     for loss in (0.001, 0.01, 0.05):
         shape(None, 0.001, loss)
-        pp = json.loads(in_src([*PATHPROBE, "probe", "loss", DST, "-c", "20000", "--rate", "1000",
-                                "--timeout", "1", "--json"]))  # fmt: skip
+        pp = json.loads(
+            in_src([*PATHPROBE, "probe", "loss", DST, "-c", "20000", "--rate", "1000/s", "--timeout", "1s", "--json"])
+        )
         got = pp["loss_ratio"]
         ok = abs(got - loss) <= 0.002 if loss == 0.01 else True
         rows.append(
@@ -139,13 +160,16 @@ def run_in(host: str, cmd: list[str]) -> str:
 
 def idle_path_rtts(count: int) -> dict[str, tuple[float, float]]:
     """RTT p50 and p99 (s) over the idle path c->d: pathprobe's TCP request/response and ping, side by side."""
-    ping = subprocess.Popen(in_ns(ns("c"), ["ping", "-n", "-c", str(count), "-i", "0.01", address(4)]),
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
-    rr = json.loads(run_in("c", [*PATHPROBE, "probe", "rtt", address(4), "-c", str(count), "-i", "0.01", "--json"]))
+    ping = subprocess.Popen(
+        in_ns(ns("c"), ["ping", "-n", "-c", str(count), "-i", "0.01", address(4)]), stdout=subprocess.PIPE, text=True
+    )
+    rr = json.loads(run_in("c", [*PATHPROBE, "probe", "rtt", address(4), "-c", str(count), "-i", "10ms", "--json"]))
     out, _ = ping.communicate(timeout=60)
     pings = [float(m) / 1e3 for m in re.findall(r"time=([\d.]+) ms", out)]
-    return {"tcp rr": (rr["rtt_seconds"]["p50"], rr["rtt_seconds"]["p99"]),
-            "ping": (quantile(pings, 0.5), quantile(pings, 0.99))}  # fmt: skip
+    return {
+        "tcp rr": (rr["rtt_seconds"]["p50"], rr["rtt_seconds"]["p99"]),
+        "ping": (quantile(pings, 0.5), quantile(pings, 0.99)),
+    }
 
 
 def cpu_seconds(pid: int, which: str = "both") -> float:
@@ -165,8 +189,14 @@ def delay_line_rows(kind: str) -> list[list[str]]:
     os.environ["PATHPROBE_LAB_DELAY_LINE"] = kind
     net.down()
     state = net.up(TWO_PATHS)
-    servers = [subprocess.Popen(in_ns(ns(h), [*PATHPROBE, "serve", "--allow", "198.18.0.0/15"]),
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) for h in ("b", "d")]  # fmt: skip
+    servers = [
+        subprocess.Popen(
+            in_ns(ns(h), [*PATHPROBE, "serve", "--allow", "198.18.0.0/15"]),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        for h in ("b", "d")
+    ]
     try:
         for s in servers:
             assert s.stdout is not None and s.stdout.readline()  # ready
@@ -196,9 +226,20 @@ def delay_line_rows(kind: str) -> list[list[str]]:
     for probe, (q50, q99) in quiet.items():
         l50, l99 = loaded[probe]
         # Added: what the load on the other path adds to this one's quantiles.
-        rows.append([kind, probe, *(f"{v * 1e3:.3f}" for v in (q50, q99, l50, l99)),
-                     f"{(l50 - q50) * 1e3:+.3f}", f"{(l99 - q99) * 1e3:+.3f}", f"{gbits:.2f}", f"{cpu_share:.1%}",
-                     f"{user_share:.1%}", f"{cpu_share / gbits:.1%}", f"{user_share / gbits:.2%}"])  # fmt: skip
+        rows.append(
+            [
+                kind,
+                probe,
+                *(f"{v * 1e3:.3f}" for v in (q50, q99, l50, l99)),
+                f"{(l50 - q50) * 1e3:+.3f}",
+                f"{(l99 - q99) * 1e3:+.3f}",
+                f"{gbits:.2f}",
+                f"{cpu_share:.1%}",
+                f"{user_share:.1%}",
+                f"{cpu_share / gbits:.1%}",
+                f"{user_share / gbits:.2%}",
+            ]
+        )
     return rows
 
 
@@ -215,8 +256,13 @@ def demo_rows(kind: str, tails: list[list[str]] | None = None) -> list[list[str]
     ping runs beside it and the idle RTT tails are appended there (idle_tail_rows)."""
     env = {**os.environ, "PATHPROBE_LAB_DELAY_LINE": kind}
     workdir = Path(f"/var/tmp/pathprobe-bench-demo-{kind}")
-    demo = subprocess.Popen([*PATHPROBE, "demo", "--workdir", str(workdir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
+    demo = subprocess.Popen(
+        [*PATHPROBE, "demo", "--workdir", str(workdir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     pings: dict[tuple[str, str], subprocess.Popen[str]] = {}
     try:
         assert demo.stdout is not None
@@ -227,9 +273,14 @@ def demo_rows(kind: str, tails: list[list[str]] | None = None) -> list[list[str]
         assert state is not None
         if tails is not None:
             index = {h.name: i for i, h in enumerate(state.topo().hosts, start=1)}
-            pings = {(src, dst): subprocess.Popen(
-                in_ns(ns(src), ["ping", "-D", "-n", "-i", "0.02", "-w", str(DEMO_WINDOW), address(index[dst])]),
-                stdout=subprocess.PIPE, text=True) for src, dst in PING_PAIRS}  # fmt: skip
+            pings = {
+                (src, dst): subprocess.Popen(
+                    in_ns(ns(src), ["ping", "-D", "-n", "-i", "0.02", "-w", str(DEMO_WINDOW), address(index[dst])]),
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+                for src, dst in PING_PAIRS
+            }
         line = next(p["pid"] for p in state.processes if p["what"] == "delay-line")
         cpu_before, started = cpu_seconds(line), time.monotonic()
         time.sleep(DEMO_WINDOW)
@@ -249,8 +300,10 @@ def demo_rows(kind: str, tails: list[list[str]] | None = None) -> list[list[str]
             p.wait()
         demo.send_signal(signal.SIGINT)
         demo.communicate(timeout=120)
-    return [[kind, name, f"{t['min']:.3f}", f"{t['max']:.3f}", "ok" if t["min"] >= 0.97 else "MISS", f"{cpu_share:.1%}"]
-            for name, t in sorted(tests.items())]  # fmt: skip
+    return [
+        [kind, name, f"{t['min']:.3f}", f"{t['max']:.3f}", "ok" if t["min"] >= 0.97 else "MISS", f"{cpu_share:.1%}"]
+        for name, t in sorted(tests.items())
+    ]
 
 
 def idle_tail_rows(workdir: Path, pings: dict[tuple[str, str], str]) -> list[list[str]]:
@@ -266,17 +319,27 @@ def idle_tail_rows(workdir: Path, pings: dict[tuple[str, str], str]) -> list[lis
             sent = float(received) - float(ms) / 1e3
             if not (schedule.busy(src, sent, active) or schedule.busy(dst, sent, active)):
                 idle.append(float(ms) / 1e3)
-        found = promql.query(DEMO_PROM, f'pathprobe_rtt_seconds{{host="{src}", peer="{dst}", state="idle"}}',
-                             timeout=10)  # fmt: skip
+        found = promql.query(
+            DEMO_PROM, f'pathprobe_rtt_seconds{{host="{src}", peer="{dst}", state="idle"}}', timeout=10
+        )
         measured = {(r["metric"]["protocol"], r["metric"]["quantile"]): float(r["value"][1]) for r in found}
         for probe, (p50, p99) in {
             **{proto: (measured[proto, "0.5"], measured[proto, "0.99"]) for proto in ("tcp", "udp")},
             "ping": (quantile(idle, 0.5), quantile(idle, 0.99)),
         }.items():
             bound = idle_tail_bound(p50)
-            rows.append([f"{src} -> {dst}", probe, str(len(idle)) if probe == "ping" else "",
-                         f"{p50 * 1e3:.3f}", f"{p99 * 1e3:.3f}", f"{(p99 - p50) * 1e3:+.3f}", f"{bound * 1e3:.3f}",
-                         "ok" if p99 - p50 <= bound else "MISS"])  # fmt: skip
+            rows.append(
+                [
+                    f"{src} -> {dst}",
+                    probe,
+                    str(len(idle)) if probe == "ping" else "",
+                    f"{p50 * 1e3:.3f}",
+                    f"{p99 * 1e3:.3f}",
+                    f"{(p99 - p50) * 1e3:+.3f}",
+                    f"{bound * 1e3:.3f}",
+                    "ok" if p99 - p50 <= bound else "MISS",
+                ]
+            )
     return rows
 
 

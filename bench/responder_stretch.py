@@ -19,7 +19,7 @@ import statistics
 import time
 
 from pathprobe.allow import AllowList
-from pathprobe.config import LossSettings
+from pathprobe.probe_settings import EchoSettings
 from pathprobe.probes import EchoProber, Target
 from pathprobe.probes.report import ReportSink, RttReport
 from pathprobe.responders.echo import EchoResponder
@@ -48,7 +48,7 @@ async def echoes(seconds: float, rate: float, size: int) -> tuple[list[float], l
     await responder.start("127.0.0.1", 0)
     recorded = responder._follow_ups = Recorded()  # what the responder keeps, read as it is set
     report = RttReport("udp", 1 / rate, size)
-    settings = LossSettings(rate_pps=rate, size_bytes=size, timeout_seconds=1)
+    settings = EchoSettings(rate_pps=rate, size_bytes=size, timeout_seconds=1)
     await EchoProber(Target("127.0.0.1", responder.sockname()[1]), settings, ReportSink(report)).run(
         int(seconds * rate)
     )
@@ -81,8 +81,10 @@ def main() -> None:
             for p in load:
                 p.terminate()
                 p.join()
-        print(f"| {per_core * cores} | {us(stretches, 50)} | {us(stretches, 99)} | {us(one_step, 50)} | "
-              f"{us(one_step, 99)} | {us(two_step, 50)} | {us(two_step, 99)} |")  # fmt: skip
+        print(
+            f"| {per_core * cores} | {us(stretches, 50)} | {us(stretches, 99)} | {us(one_step, 50)} | "
+            f"{us(one_step, 99)} | {us(two_step, 50)} | {us(two_step, 99)} |"
+        )
 
 
 if __name__ == "__main__":

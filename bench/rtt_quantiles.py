@@ -28,11 +28,12 @@ OLD_BUCKETS = (
     0.020, 0.025, 0.030, 0.040, 0.050, 0.060, 0.080, 0.100, 0.150, 0.200,
     0.300, 0.500, 1.0, 2.5, 5.0,
 )  # fmt: skip
-TOPOLOGY = "hosts:\n  - {name: src, region: r0}\n" + "".join(
-    f"  - {{name: d{i}, region: r{i + 1}}}\n" for i in range(len(DELAYS_MS))
-) + "paths:\n" + "".join(
-    f"  - {{between: [src, d{i}], one_way_delay: {ms / 2:g}ms}}\n" for i, ms in enumerate(DELAYS_MS)
-)  # fmt: skip
+TOPOLOGY = (
+    "hosts:\n  - {name: src, region: r0}\n"
+    + "".join(f"  - {{name: d{i}, region: r{i + 1}}}\n" for i in range(len(DELAYS_MS)))
+    + "paths:\n"
+    + "".join(f"  - {{between: [src, d{i}], one_way_delay: {ms / 2:g}ms}}\n" for i, ms in enumerate(DELAYS_MS))
+)
 
 
 def histogram_quantile(q: float, samples: list[float]) -> float:
@@ -52,29 +53,41 @@ def histogram_quantile(q: float, samples: list[float]) -> float:
 
 async def measure(address: str, seconds: float) -> dict[str, float]:
     """Inside the source host: one RTT prober teed into raw samples and an exporter's RTT room."""
-    from pathprobe.config import Config, RttSettings
+    from types import SimpleNamespace
+
+    from pathprobe.config import Config
+    from pathprobe.kinds import KINDS
     from pathprobe.metrics.echo import EchoRoom
     from pathprobe.metrics.outcomes import OutcomesRoom
-    from pathprobe.metrics.rtt import RttRoom, RttSink
+    from pathprobe.metrics.rtt import RttRecorder, RttRoom
+    from pathprobe.probe_settings import RttSettings
     from pathprobe.probes import RttProber, Target
-    from pathprobe.probes.base import RttTee
     from pathprobe.probes.report import ReportSink, RttReport, Summary
+    from pathprobe.probes.rtt import RttTee
 
     settings = RttSettings()
     raw = RttReport("tcp", settings.interval_seconds, settings.size_bytes)
     peer = {"name": "d", "address": address, "region": "r", "path_class": "intra_region"}
     cfg = Config.model_validate({"host": {"name": "s", "address": "127.0.0.1", "region": "r"}, "peers": [peer]})
-    room = RttRoom(cfg, lambda peer, now: "idle")
+    room = RttRoom(cfg, SimpleNamespace(of=lambda peer, now: "idle"))
     count = int(seconds / settings.interval_seconds)
-    exporter_sink = RttSink(room, OutcomesRoom(cfg).ledger("rtt"), EchoRoom(cfg, room.load_state, room), "d", 1)
+    exporter_sink = RttRecorder(
+        room, OutcomesRoom(cfg, KINDS.values()).ledger("rtt"), EchoRoom(cfg, room.load, room), "d", 1
+    )
     sink = RttTee(ReportSink(raw), exporter_sink)
     await RttProber(Target(address, 9470), settings, sink).run(count=count)
     shown = room.windows["d", "tcp", "idle"].quantiles(time.time())
     s = Summary.of(raw.rtts)
     assert s is not None
-    return {"n": len(raw.rtts), "raw_p50": s.p50, "raw_p99": s.p99, "shown_p50": shown[0.5],
-            "shown_p99": shown[0.99], "old_p50": histogram_quantile(0.5, raw.rtts),
-            "old_p99": histogram_quantile(0.99, raw.rtts)}  # fmt: skip
+    return {
+        "n": len(raw.rtts),
+        "raw_p50": s.p50,
+        "raw_p99": s.p99,
+        "shown_p50": shown[0.5],
+        "shown_p99": shown[0.99],
+        "old_p50": histogram_quantile(0.5, raw.rtts),
+        "old_p99": histogram_quantile(0.99, raw.rtts),
+    }
 
 
 def main() -> None:
@@ -95,17 +108,46 @@ def main() -> None:
         try:
             for i in range(len(DELAYS_MS)):
                 addr = f"198.18.{i + 2}.2"
-                servers.append(subprocess.Popen(
-                    ["ip", "netns", "exec", f"pp-d{i}", *PATHPROBE, "serve", "--listen", addr, "--allow",
-                     "198.18.0.0/15", "--iperf3-port", "15201"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                ))  # fmt: skip
+                servers.append(
+                    subprocess.Popen(
+                        [
+                            "ip",
+                            "netns",
+                            "exec",
+                            f"pp-d{i}",
+                            *PATHPROBE,
+                            "serve",
+                            "--listen",
+                            addr,
+                            "--allow",
+                            "198.18.0.0/15",
+                            "--iperf3-port",
+                            "15201",
+                        ],
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.DEVNULL,
+                    )
+                )
                 assert servers[-1].stdout is not None and servers[-1].stdout.readline()  # ready
             rows = []
             for i, ms in enumerate(DELAYS_MS):
                 out = subprocess.run(
-                    ["ip", "netns", "exec", "pp-src", sys.executable, __file__, "--inner", f"198.18.{i + 2}.2",
-                     "--seconds", str(args.seconds)], capture_output=True, text=True, check=True,
-                ).stdout  # fmt: skip
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        "pp-src",
+                        sys.executable,
+                        __file__,
+                        "--inner",
+                        f"198.18.{i + 2}.2",
+                        "--seconds",
+                        str(args.seconds),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
                 rows.append((ms, json.loads(out)))
         finally:
             for p in servers:
@@ -121,8 +163,10 @@ def main() -> None:
         for q in ("p50", "p99"):
             raw, shown, old = r[f"raw_{q}"], r[f"shown_{q}"], r[f"old_{q}"]
             ok = abs(shown - raw) <= max(0.005 * raw, 50e-6)
-            print(f"{ms:>6g}ms {r['n']:>5} {q:>4} {raw * 1e3:>8.3f}ms {err(shown, raw):>30} {'yes' if ok else 'NO':>6} "
-                  f"{err(old, raw):>30}")  # fmt: skip
+            print(
+                f"{ms:>6g}ms {r['n']:>5} {q:>4} {raw * 1e3:>8.3f}ms {err(shown, raw):>30} {'yes' if ok else 'NO':>6} "
+                f"{err(old, raw):>30}"
+            )
     print("\nseries per peer: see bench/exporter_bench.py (exposition lines / 500 peers)")
 
 

@@ -55,15 +55,34 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "rules.yml").write_text(rules.dump(params))
-        (work / "prometheus.yml").write_text(yaml.safe_dump({
-            "global": {"scrape_interval": fleet_test.FLEET_SCRAPE_INTERVAL,
-                       "evaluation_interval": params.evaluation_interval},
-            "rule_files": [str(work / "rules.yml")],
-            "scrape_configs": [{"job_name": "pathprobe", "honor_labels": True,
-                                "static_configs": [{"targets": [f"127.0.0.1:{FLEET_PORT}"]}]}]}))  # fmt: skip
-        prom = subprocess.Popen([demo.binary("prometheus"), f"--config.file={work / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{PROM_PORT}"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        (work / "prometheus.yml").write_text(
+            yaml.safe_dump(
+                {
+                    "global": {
+                        "scrape_interval": fleet_test.FLEET_SCRAPE_INTERVAL,
+                        "evaluation_interval": params.evaluation_interval,
+                    },
+                    "rule_files": [str(work / "rules.yml")],
+                    "scrape_configs": [
+                        {
+                            "job_name": "pathprobe",
+                            "honor_labels": True,
+                            "static_configs": [{"targets": [f"127.0.0.1:{FLEET_PORT}"]}],
+                        }
+                    ],
+                }
+            )
+        )
+        prom = subprocess.Popen(
+            [
+                demo.binary("prometheus"),
+                f"--config.file={work / 'prometheus.yml'}",
+                f"--storage.tsdb.path={work / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{PROM_PORT}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         # (phase, group) -> each evaluation's seconds; (phase, group, rule) -> the same per rule.
         groups: dict[tuple[str, str], list[float]] = defaultdict(list)
         per_rule: dict[tuple[str, str, str], list[float]] = defaultdict(list)
@@ -91,13 +110,17 @@ def main() -> None:
             prom.terminate()
             prom.wait(timeout=60)
             server.shutdown()
-    print(f"\n{len(exporters.paths):,} paths; rules every {params.evaluation_interval} (baseline every "
-          f"{params.baseline_evaluation_interval}), scrapes every {fleet_test.FLEET_SCRAPE_INTERVAL}\n")  # fmt: skip
+    print(
+        f"\n{len(exporters.paths):,} paths; rules every {params.evaluation_interval} (baseline every "
+        f"{params.baseline_evaluation_interval}), scrapes every {fleet_test.FLEET_SCRAPE_INTERVAL}\n"
+    )
     print("| phase | group | evaluations | median (s) | max (s) | interval (s) |")
     print("| --- | --- | --- | --- | --- | --- |")
     for (phase, name), times in sorted(groups.items()):
-        print(f"| {phase} | {name} | {len(times)} | {statistics.median(times):.2f} | {max(times):.2f} "
-              f"| {intervals[name]:g} |")  # fmt: skip
+        print(
+            f"| {phase} | {name} | {len(times)} | {statistics.median(times):.2f} | {max(times):.2f} "
+            f"| {intervals[name]:g} |"
+        )
     print("\nThe costliest rules (median over the evaluations of both phases):\n")
     print("| group | rule | median (s) | max (s) |")
     print("| --- | --- | --- | --- |")

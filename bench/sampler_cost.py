@@ -22,8 +22,8 @@ import time
 
 from pathprobe import sockdiag
 from pathprobe.probes import Target, ThroughputTest
+from pathprobe.probes.iperf3_run import Part, SteadyState
 from pathprobe.probes.steady import Detector
-from pathprobe.probes.throughput import _SteadyState
 
 
 def cpu_seconds() -> float:
@@ -53,9 +53,10 @@ async def one_test(seconds: float) -> tuple[int, float]:
                 await asyncio.sleep(0.05)
         # A stand-in process (never signalled to stop: the detector may converge, the test runs on).
         idle = await asyncio.create_subprocess_exec("sleep", str(seconds + 5))
-        client = subprocess.Popen([iperf3, "-c", "127.0.0.1", "-p", str(port), "-t", f"{seconds:g}", "-b", "200M"],
-                                  stdout=subprocess.DEVNULL)  # fmt: skip
-        watch = _SteadyState(Target("127.0.0.1", port), ThroughputTest(steady_state=Detector()), idle)
+        client = subprocess.Popen(
+            [iperf3, "-c", "127.0.0.1", "-p", str(port), "-t", f"{seconds:g}", "-b", "200M"], stdout=subprocess.DEVNULL
+        )
+        watch = SteadyState([Part(Target("127.0.0.1", port), ThroughputTest(steady_state=Detector()))], [idle])
         before = cpu_seconds()
         sampling = asyncio.ensure_future(watch.sample())
         await asyncio.sleep(seconds)
@@ -86,8 +87,14 @@ def main() -> int:
         sockdiag.tcp_sockets = reading if reader == "sock_diag" else refused  # type: ignore[assignment]
         results = [asyncio.run(one_test(args.seconds)) for _ in range(args.runs)]
         per_sample = [cpu / n for n, cpu in results]
-        rows.append((reader, sum(n for n, _ in results), statistics.median(per_sample),
-                     statistics.median(cpu / args.seconds for _, cpu in results)))  # fmt: skip
+        rows.append(
+            (
+                reader,
+                sum(n for n, _ in results),
+                statistics.median(per_sample),
+                statistics.median(cpu / args.seconds for _, cpu in results),
+            )
+        )
     sockdiag.tcp_sockets = reading  # type: ignore[assignment]
     print(f"\nsampler CPU, {args.runs} loopback tests of {args.seconds:g} s per reader ({time.strftime('%Y-%m-%d')})\n")
     print("| reader | samples | CPU per sample (median) | CPU per test second (median) |")

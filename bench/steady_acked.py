@@ -59,8 +59,9 @@ def row(rtt: float, rate: float, streams: int) -> list[str]:
 def main() -> int:
     net.down()
     net.up(TOPOLOGY)
-    server = subprocess.Popen(in_ns(ns("dst"), ["iperf3", "-s", "-B", DST]), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)  # fmt: skip
+    server = subprocess.Popen(
+        in_ns(ns("dst"), ["iperf3", "-s", "-B", DST]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     rows = []
     try:
         time.sleep(1)  # iperf3 -s has no readiness signal; a first test that finds it not listening retries

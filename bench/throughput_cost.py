@@ -132,11 +132,23 @@ def row(rate: float, rtt: float, streams: int, record: Path | None) -> list[str]
     measured = got["receiver_bytes_per_second"] * 8
     off = measured / steady - 1
     share = got["bytes_transferred"] / full_bytes
-    checks = ((abs(off) > 0.02, "off by more than 2%"), (share > 0.25, "more than 25% of the bytes"),
-              (not got["converged"], "never settled"))  # fmt: skip
+    checks = (
+        (abs(off) > 0.02, "off by more than 2%"),
+        (share > 0.25, "more than 25% of the bytes"),
+        (not got["converged"], "never settled"),
+    )
     missed = [why for bad, why in checks if bad]
-    return [f"{rtt * 1e3:g}", f"{rate / 1e6:g}", str(streams), f"{steady / 1e6:.1f}", f"{measured / 1e6:.1f}",
-            f"{off:+.1%}", f"{got['duration_seconds']:.2f}", f"{share:.0%}", ", ".join(missed) or "met"]  # fmt: skip
+    return [
+        f"{rtt * 1e3:g}",
+        f"{rate / 1e6:g}",
+        str(streams),
+        f"{steady / 1e6:.1f}",
+        f"{measured / 1e6:.1f}",
+        f"{off:+.1%}",
+        f"{got['duration_seconds']:.2f}",
+        f"{share:.0%}",
+        ", ".join(missed) or "met",
+    ]
 
 
 def replayed(trace: Path) -> list[str]:
@@ -154,8 +166,17 @@ def replayed(trace: Path) -> list[str]:
     share = (steady_state.mean_rate(intervals, 0, seconds) or 0.0) * seconds / (steady * 10)
     checks = ((abs(off) > 0.02, "off by more than 2%"), (share > 0.25, "more than 25% of the bytes"))
     missed = [why for bad, why in checks if bad]
-    return [f"{float(rtt) * 1e3:g}", trace.stem, streams, f"{steady / 1e6:.1f}", f"{rate / 1e6:.1f}", f"{off:+.1%}",
-            f"{seconds:.2f}", f"{share:.0%}", ", ".join(missed) or "met"]  # fmt: skip
+    return [
+        f"{float(rtt) * 1e3:g}",
+        trace.stem,
+        streams,
+        f"{steady / 1e6:.1f}",
+        f"{rate / 1e6:.1f}",
+        f"{off:+.1%}",
+        f"{seconds:.2f}",
+        f"{share:.0%}",
+        ", ".join(missed) or "met",
+    ]
 
 
 def main() -> int:
@@ -169,8 +190,12 @@ def main() -> int:
     if args.record:
         (args.record / "delivered").mkdir(parents=True, exist_ok=True)
     net.up(TOPOLOGY)
-    serve = subprocess.Popen(in_ns(ns("dst"), [*PATHPROBE, "serve", "--listen", DST, "--allow", "198.18.0.0/15"]),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    serve = subprocess.Popen(
+        in_ns(ns("dst"), [*PATHPROBE, "serve", "--listen", DST, "--allow", "198.18.0.0/15"]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     rows = []
     try:
         assert serve.stdout is not None and serve.stdout.readline()  # ready
@@ -181,8 +206,9 @@ def main() -> int:
                     try:
                         rows.append(row(rate, rtt, streams, args.record))
                     except RuntimeError as exc:  # a failed test is a row of its own, not the end of the bench
-                        rows.append([f"{rtt * 1e3:g}", f"{rate / 1e6:g}", str(streams), *["-"] * 5,
-                                     f"failed: {str(exc)[-80:]}"])  # fmt: skip
+                        rows.append(
+                            [f"{rtt * 1e3:g}", f"{rate / 1e6:g}", str(streams), *["-"] * 5, f"failed: {str(exc)[-80:]}"]
+                        )
                     print(" ".join(rows[-1]), file=sys.stderr, flush=True)
     finally:
         serve.terminate()

@@ -45,39 +45,82 @@ def shape(rate: float, loss: float) -> None:
 
 def udp_test(seconds: int, omit: int) -> dict:
     """One `pathprobe probe throughput --protocol udp` from src."""
-    cmd = [*PATHPROBE, "probe", "throughput", DST, "--protocol", "udp", "--bitrate", f"{BITRATE:.0f}",
-           "-t", str(seconds), "-O", str(omit), "--json"]  # fmt: skip
+    cmd = [
+        *PATHPROBE,
+        "probe",
+        "throughput",
+        DST,
+        "--protocol",
+        "udp",
+        "--bitrate",
+        f"{BITRATE:.0f}bit/s",
+        "-t",
+        f"{seconds}s",
+        "-O",
+        f"{omit}s",
+        "--json",
+    ]
     return json.loads(retried(lambda: in_src(cmd)))
 
 
 def runs(length: tuple[int, int]) -> tuple[list[float], list[float], float]:
     """REPEATS tests of `length`: receiver rates (bit/s), loss ratios, mean bytes sent."""
     results = [udp_test(*length) for _ in range(REPEATS)]
-    return ([r["receiver_bytes_per_second"] * 8 for r in results], [r["udp_loss_ratio"] for r in results],
-            statistics.mean(r["bytes_transferred"] * (r["duration_seconds"] + r["omit_seconds"]) / r["duration_seconds"]
-                            for r in results))  # on the wire: iperf3 leaves omitted seconds out  # fmt: skip
+    return (
+        [r["receiver_bytes_per_second"] * 8 for r in results],
+        [r["udp_loss_ratio"] for r in results],
+        statistics.mean(
+            r["bytes_transferred"] * (r["duration_seconds"] + r["omit_seconds"]) / r["duration_seconds"]
+            for r in results
+        ),
+    )  # on the wire: iperf3 leaves omitted seconds out
 
 
 def rows_of(case: str) -> list[list[str]]:
     ref_rates, ref_losses, ref_bytes = runs(REFERENCE)
     ref_rate, ref_loss = statistics.mean(ref_rates), statistics.mean(ref_losses)
-    out = [[case, f"{REFERENCE[0]} s", f"{ref_rate / 1e6:.1f}", f"{(max(ref_rates) - min(ref_rates)) / 1e6:.1f}", "",
-            f"{ref_loss:.2%}", f"{max(ref_losses) - min(ref_losses):.2%}", "", "100%"]]  # fmt: skip
+    out = [
+        [
+            case,
+            f"{REFERENCE[0]} s",
+            f"{ref_rate / 1e6:.1f}",
+            f"{(max(ref_rates) - min(ref_rates)) / 1e6:.1f}",
+            "",
+            f"{ref_loss:.2%}",
+            f"{max(ref_losses) - min(ref_losses):.2%}",
+            "",
+            "100%",
+        ]
+    ]
     for length in LENGTHS:
         rates, losses, sent = runs(length)
         rate, loss = statistics.mean(rates), statistics.mean(losses)
         name = f"{length[0]} s" + (f" after {length[1]} s" if length[1] else "")
-        out.append(["", name, f"{rate / 1e6:.1f}", f"{(max(rates) - min(rates)) / 1e6:.1f}",
-                    f"{rate / ref_rate - 1:+.1%}", f"{loss:.2%}", f"{max(losses) - min(losses):.2%}",
-                    f"{(loss - ref_loss) * 100:+.2f} pp", f"{sent / ref_bytes:.0%}"])  # fmt: skip
+        out.append(
+            [
+                "",
+                name,
+                f"{rate / 1e6:.1f}",
+                f"{(max(rates) - min(rates)) / 1e6:.1f}",
+                f"{rate / ref_rate - 1:+.1%}",
+                f"{loss:.2%}",
+                f"{max(losses) - min(losses):.2%}",
+                f"{(loss - ref_loss) * 100:+.2f} pp",
+                f"{sent / ref_bytes:.0%}",
+            ]
+        )
         print(" ".join(out[-1]), file=sys.stderr, flush=True)
     return out
 
 
 def main() -> int:
     net.up(TOPOLOGY)
-    serve = subprocess.Popen(in_ns(ns("dst"), [*PATHPROBE, "serve", "--listen", DST, "--allow", "198.18.0.0/15"]),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    serve = subprocess.Popen(
+        in_ns(ns("dst"), [*PATHPROBE, "serve", "--listen", DST, "--allow", "198.18.0.0/15"]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     rows = []
     try:
         assert serve.stdout is not None and serve.stdout.readline()  # ready

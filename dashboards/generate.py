@@ -22,13 +22,19 @@ from pathprobe.yamlfile import ConfigError
 from pathprobe_dashboards import capacity, exporter_health, overview, path_detail
 
 OUT = Path(__file__).parent / "json"
-DASHBOARDS = {"overview": overview, "path-detail": path_detail, "capacity": capacity,
-              "exporter-health": exporter_health}  # fmt: skip
+DASHBOARDS = {
+    "overview": overview,
+    "path-detail": path_detail,
+    "capacity": capacity,
+    "exporter-health": exporter_health,
+}
 
 
 def render(p: Params) -> dict[str, str]:
-    return {f"{name}.json": json.dumps(module.build(p).build(), cls=JSONEncoder, sort_keys=True, indent=2) + "\n"
-            for name, module in DASHBOARDS.items()}  # fmt: skip
+    return {
+        f"{name}.json": json.dumps(module.build(p).build(), cls=JSONEncoder, sort_keys=True, indent=2) + "\n"
+        for name, module in DASHBOARDS.items()
+    }
 
 
 def main() -> int:

@@ -12,9 +12,11 @@ cd "$(dirname "$0")/.."
 # gcc, libnetfilter-queue-dev and libmnl-dev build the lab's delay line (lab/delayline/).
 # faketime runs an exporter with its clock ahead of its peers' in the clock-skew test.
 # qemu-user-static and binfmt-support run an arm64 Debian's programs (the role's Graviton wheels).
+# jsonnet (the C++ interpreter, 0.18 in Debian 12) evaluates mixin/mixin.libsonnet in tests/test_mixin.py,
+# as a mixin user's tooling does.
 packages=(iperf3 iproute2 nftables iptables iputils-ping procps python3-venv prometheus prometheus-alertmanager
   docker-compose debootstrap systemd-container openssh-client openssl systemd ethtool
-  gcc libc6-dev libnetfilter-queue-dev libmnl-dev faketime qemu-user-static binfmt-support)
+  gcc libc6-dev libnetfilter-queue-dev libmnl-dev faketime qemu-user-static binfmt-support jsonnet)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

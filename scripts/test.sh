@@ -52,11 +52,13 @@ else
   # Phase 1: the unit and render tests, two at a time at the lowest CPU priority, beside two labs in
   # namespaces of their own: the rollout chaos module (ten minutes of a lab taking changes when the
   # schedule's slots allow, which leaves most of the CPU idle) and the fire drills (seven minutes),
-  # followed by the light lab modules (paths, capacity, one-way delay, firewall, admission: two
-  # minutes). Once the unit tests have ended, a third lab takes the fleet's rolling change, the AWS and
-  # Transit Gateway predictions and the exporters' own checks (five minutes), and the machine's own
-  # namespace the tests that need it: test_lab.py (its hosts' congestion control extends the machine's
-  # allowed list) and the demo's lifecycle tests (they check that list is put back).
+  # followed by the light lab modules (paths, capacity, one-way delay, firewall, admission: under
+  # three minutes). Once the unit tests have ended, a third lab takes the fleet's rolling change, the
+  # AWS and Transit Gateway labs but their predicted rates (phase 4), the exporters' own checks and the
+  # applications' flows (a gigabit transfer its receiver must keep up with: not beside the unit tests;
+  # four minutes), and the machine's own namespace the tests that need it: test_lab.py (its hosts'
+  # congestion control extends the machine's allowed list) and the demo's lifecycle tests (they
+  # check that list is put back).
   bash scripts/isolated.sh .venv/bin/pytest -v --durations=5 tests/test_rollout_chaos.py > "$logs/chaos.log" 2>&1 &
   chaos=$!
   lint > "$logs/lint.log" 2>&1 &  # lint and types meanwhile: their result comes with the labs'
@@ -66,17 +68,23 @@ else
   bash scripts/isolated.sh .venv/bin/pytest -v -m lab --durations=10 tests/test_alerts.py "${light[@]}" \
     > "$logs/drills.log" 2>&1 &
   drills=$!
+  # The hosts too small for their tests (ten minutes of a lab whose iperf3s mostly wait, held to a
+  # small CPU quota), beside them in a namespace of its own.
+  bash scripts/isolated.sh .venv/bin/pytest -v -m lab --durations=5 tests/test_host_bound_lab.py \
+    > "$logs/host_bound.log" 2>&1 &
+  bound=$!
   unit=0
   nice -n 19 .venv/bin/pytest -v -m "not lab and not slow and not alone" -n 2 --durations=20 exporter/tests tests ||
     unit=$?
-  third=(tests/test_fleet_lab.py tests/test_aws_lab.py tests/test_tgw_lab.py tests/test_exporter.py)
-  bash scripts/isolated.sh .venv/bin/pytest -v -m lab --durations=10 "${third[@]}" > "$logs/third.log" 2>&1 &
+  third=(tests/test_fleet_lab.py tests/test_aws_lab.py tests/test_tgw_lab.py tests/test_exporter.py
+    tests/test_flows_lab.py)
+  bash scripts/isolated.sh .venv/bin/pytest -v -m "lab and not alone" --durations=10 "${third[@]}" > "$logs/third.log" 2>&1 &
   later=$!
   silent=tests/test_demo.py::test_the_default_demo_fills_prometheus_for_every_path_stays_silent_then_cleans_up
   .venv/bin/pytest -v -m lab --durations=10 --deselect "$silent" tests/test_lab.py tests/test_demo.py \
     > "$logs/machine.log" 2>&1 &
   machine=$!
-  ended lint "$linted" chaos "$chaos" drills "$drills" third "$later" machine "$machine"
+  ended lint "$linted" chaos "$chaos" drills "$drills" host_bound "$bound" third "$later" machine "$machine"
   if [ "$unit" -ne 0 ]; then exit "$unit"; fi
   # Phase 2: the default demo's ten silent minutes, alone: its idle RTT tails are bounded within 0.15 ms.
   .venv/bin/pytest -v --durations=5 "$silent"
@@ -88,12 +96,14 @@ else
     > "$logs/culprits.log" 2>&1 &
   side=$!
   main=0
-  .venv/bin/pytest -v -m "lab or slow" --durations=20 --deselect tests/test_rollout_chaos.py \
+  .venv/bin/pytest -v -m "(lab or slow) and not alone" --durations=20 --deselect tests/test_rollout_chaos.py \
     --deselect tests/test_alerts.py --deselect tests/test_lab.py --deselect tests/test_demo.py \
-    --deselect tests/test_culprits.py "${third[@]/#/--deselect=}" "${light[@]/#/--deselect=}" \
+    --deselect tests/test_culprits.py --deselect tests/test_host_bound_lab.py "${third[@]/#/--deselect=}" \
+    "${light[@]/#/--deselect=}" \
     exporter/tests tests || main=$?
   ended culprits "$side"
   if [ "$main" -ne 0 ]; then exit "$main"; fi
-  # Phase 4: the latency bounds that other tests' load would break, one at a time, alone.
+  # Phase 4: the latency bounds and the lab's predicted rates, which other tests' load would break,
+  # one at a time, alone.
   .venv/bin/pytest -v -m alone --durations=10 exporter/tests tests
 fi

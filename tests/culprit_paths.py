@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pathprobe.config import RTT_INTERVAL_DEFAULT
 from pathprobe.mesh import Member, links
 from pathprobe.monitoring.params import Params
+from pathprobe.probe_settings import RTT_INTERVAL_DEFAULT
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 from fleet import HIER2, fleet  # bench/ is not a package
@@ -36,9 +36,16 @@ class Path_:
 
     def labels(self) -> dict[str, str]:
         """The labels of the path's series: the source's target labels and the peer's."""
-        return {"job": "pathprobe", "instance": f"{self.src.name}:9469", "host": self.src.name,
-                "region": self.src.region, "zone": self.src.zone, "peer": self.dst.name,
-                "peer_region": self.dst.region, "path_class": self.path_class}  # fmt: skip
+        return {
+            "job": "pathprobe",
+            "instance": f"{self.src.name}:9469",
+            "host": self.src.name,
+            "region": self.src.region,
+            "zone": self.src.zone,
+            "peer": self.dst.name,
+            "peer_region": self.dst.region,
+            "path_class": self.path_class,
+        }
 
     def info(self) -> dict[str, str]:
         tgw = self.path_class == "transit_gateway"
@@ -62,8 +69,14 @@ def between(paths: list[Path_], src: str = "", dst: str = "", **where: str) -> l
     (src_region, dst_region, src_zone, dst_zone, src_attachment, path_class); a zone matches either end."""
 
     def ok(p: Path_) -> bool:
-        checks = {"src": p.src.name, "dst": p.dst.name, "src_region": p.src.region, "dst_region": p.dst.region,
-                  "src_attachment": p.src.attachment, "path_class": p.path_class}  # fmt: skip
+        checks = {
+            "src": p.src.name,
+            "dst": p.dst.name,
+            "src_region": p.src.region,
+            "dst_region": p.dst.region,
+            "src_attachment": p.src.attachment,
+            "path_class": p.path_class,
+        }
         given = {"src": src, "dst": dst, **where}
         zone = given.pop("zone", "")
         return all(checks[k] == v for k, v in given.items() if v) and (not zone or zone in (p.src.zone, p.dst.zone))
@@ -76,8 +89,11 @@ def fleet_mesh() -> list[Path_]:
     representatives per region pair: each link probed both ways."""
     members: list[Member] = fleet(1000, 30)
     hosts = {m.name: Host(m.name, m.region, m.zone) for m in members}
-    return [Path_(hosts[a], hosts[b], path_class(hosts[a], hosts[b]))
-            for x, y in sorted(links(members, HIER2)) for a, b in ((x, y), (y, x))]  # fmt: skip
+    return [
+        Path_(hosts[a], hosts[b], path_class(hosts[a], hosts[b]))
+        for x, y in sorted(links(members, HIER2))
+        for a, b in ((x, y), (y, x))
+    ]
 
 
 # --- the 1,000-host fleet as its exporters' series -----------------------------------
@@ -88,9 +104,17 @@ def fleet_mesh() -> list[Path_]:
 # went out before its critical form had been evaluated. The per-path alerts' `for` three evaluations,
 # well above the culprit's: a culprit needs most of its paths bad, and with a 30 s window the last of
 # them crosses its threshold an evaluation after the first (the shipped defaults: 10m against 3m).
-FLEET_PARAMS = Params(loss_window="30s", loss_for="90s", unreachable_window="30s", unreachable_for="90s",
-                      culprit_for="5s", evaluation_interval="30s", baseline_evaluation_interval="30s",
-                      rtt_baseline_window="15m", rtt_baseline_step="30s")  # fmt: skip
+FLEET_PARAMS = Params(
+    loss_window="30s",
+    loss_for="90s",
+    unreachable_window="30s",
+    unreachable_for="90s",
+    culprit_for="5s",
+    evaluation_interval="30s",
+    baseline_evaluation_interval="30s",
+    rtt_baseline_window="15m",
+    rtt_baseline_step="30s",
+)
 FLEET_SCRAPE_INTERVAL = "10s"
 
 ECHOES_PER_SECOND = 10
@@ -124,10 +148,13 @@ class FleetExporters:
             into_down = path.dst.name == self.down and since_fault
             lost = ECHOES_PER_SECOND * since_fault * (1.0 if into_down else self.loss.get(path, 0.0))
             answered = now - self.started - (since_fault if into_down else 0.0)
-            lines += [f"pathprobe_peer_info{{{labels}}} 1", f"pathprobe_udp_packets_sent_total{{{idle}}} {sent:.0f}",
-                      f"pathprobe_udp_packets_lost_total{{{idle}}} {lost:.0f}",
-                      f'pathprobe_probe_runs_total{{{labels},probe="rtt",result="ok"}} '
-                      f"{RTT_PROBES_PER_SECOND * answered:.0f}"]  # fmt: skip
+            lines += [
+                f"pathprobe_peer_info{{{labels}}} 1",
+                f"pathprobe_udp_packets_sent_total{{{idle}}} {sent:.0f}",
+                f"pathprobe_udp_packets_lost_total{{{idle}}} {lost:.0f}",
+                f'pathprobe_probe_runs_total{{{labels},probe="rtt",result="ok"}} '
+                f"{RTT_PROBES_PER_SECOND * answered:.0f}",
+            ]
             if into_down:
                 lines.append(
                     f'pathprobe_probe_runs_total{{{labels},probe="rtt",result="timeout"}} '

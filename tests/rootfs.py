@@ -21,8 +21,21 @@ ROOTFS = Path("/var/tmp/pathprobe-rootfs")
 MIRROR = "http://deb.debian.org/debian"
 # A booted host: what it needs to boot systemd and take SSH, and what the role installs (the
 # lab's hosts have no route to a mirror).
-BOOTED_PACKAGES = ["python3", "python3-venv", "python3-packaging", "python3-apt", "systemd", "systemd-sysv", "dbus",
-                   "openssh-server", "iperf3", "ethtool", "nftables", "iproute2", "procps"]  # fmt: skip
+BOOTED_PACKAGES = [
+    "python3",
+    "python3-venv",
+    "python3-packaging",
+    "python3-apt",
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "openssh-server",
+    "iperf3",
+    "ethtool",
+    "nftables",
+    "iproute2",
+    "procps",
+]
 # A chroot: a Python for the exporter's virtualenv, and iperf3, which the exporter's config check needs.
 CHROOT_PACKAGES = ["python3", "python3-venv", "iperf3"]
 # name: (suite, architecture, packages)
@@ -44,8 +57,13 @@ def rootfs(name: str) -> Path:
         lists = root / "var" / "lib" / "apt" / "lists"
         stale = time.time() - lists.stat().st_mtime > APT_LISTS_MAX_AGE or not list(lists.glob("*_Packages"))
         if packages == BOOTED_PACKAGES and stale:
-            proc = subprocess.run(["chroot", str(root), "apt-get", "update", "-q"], capture_output=True, text=True,
-                                  timeout=300, check=False)  # fmt: skip
+            proc = subprocess.run(
+                ["chroot", str(root), "apt-get", "update", "-q"],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
             assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         return root
 
@@ -77,8 +95,15 @@ def _built(name: str, suite: str, arch: str, packages: list[str]) -> Path:
     if not stamp.exists() or stamp.read_text() != " ".join(packages):
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
-        cmd = ["debootstrap", f"--arch={arch}", "--variant=minbase", f"--include={','.join(packages)}", suite,
-               str(root), MIRROR]  # fmt: skip
+        cmd = [
+            "debootstrap",
+            f"--arch={arch}",
+            "--variant=minbase",
+            f"--include={','.join(packages)}",
+            suite,
+            str(root),
+            MIRROR,
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         stamp.write_text(" ".join(packages))

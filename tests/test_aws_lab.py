@@ -35,6 +35,11 @@ def lab() -> Iterator[None]:
     net.down()
 
 
+# Alone: a rate predicted within 5% is the lab's path only with the machine to itself. One CI run
+# read tokyo-a -> tokyo-b 12.9% low beside another lab, and two Transit Gateway paths out of bounds
+# in the same minutes (what starved it is not known: beside busy loops or the lab's own tests, each
+# row read within 3.1% here).
+@pytest.mark.alone
 @pytest.mark.parametrize("streams", [1, 4])
 @pytest.mark.parametrize(("src", "dst"), PAIRS)
 def test_the_model_predicts_the_lab_within_5_percent(  # noqa: PLR0913, PLR0917 - pytest's fixtures and parameters
@@ -42,8 +47,10 @@ def test_the_model_predicts_the_lab_within_5_percent(  # noqa: PLR0913, PLR0917 
 ) -> None:
     measured, e = measure_and_predict(TOPOLOGY, src, dst, streams, tmp_path)
     with capsys.disabled():
-        print(f"\n{src} -> {dst} x{streams}: measured {measured / 1e6:.1f} Mbit/s, expected "
-              f"{e.bits_per_second / 1e6:.1f} ({e.limit}), {measured / e.bits_per_second - 1:+.1%}")  # fmt: skip
+        print(
+            f"\n{src} -> {dst} x{streams}: measured {measured / 1e6:.1f} Mbit/s, expected "
+            f"{e.bits_per_second / 1e6:.1f} ({e.limit}), {measured / e.bits_per_second - 1:+.1%}"
+        )
     assert measured == pytest.approx(e.bits_per_second, rel=0.05), (e.limit, e.candidates)
 
 
@@ -75,8 +82,11 @@ def test_each_flow_of_a_test_gets_a_per_flow_leaf_of_its_own(lab: None) -> None:
     iperf3(TOPOLOGY, "tokyo-a", "tokyo-b", streams, 1, 0)
     after = leaf_bytes("tokyo-a")
     # In-region leaves are 2:1000-2:10ff; a stream moves megabytes in a second, the control connection kilobytes.
-    busy = [leaf for leaf, n in after.items()
-            if re.fullmatch(r"2:10[0-9a-f]{2}", leaf) and n - before.get(leaf, 0) > 1_000_000]  # fmt: skip
+    busy = [
+        leaf
+        for leaf, n in after.items()
+        if re.fullmatch(r"2:10[0-9a-f]{2}", leaf) and n - before.get(leaf, 0) > 1_000_000
+    ]
     assert len(busy) == streams, busy
 
 

@@ -30,9 +30,19 @@ paths:
 # c6gn.medium's figures at the lab's scale (AWS Gbps as Gbit/s / 10), between regions.
 SCALED = ["--limit", "per_flow=500M", "--limit", "instance=1.6G", "--limit", "region_cap=500M"]
 # The lab's hosts share one kernel clock: each end states the lab's bound, so one-way delays are exact.
-CLOCK = ["--clock-error-bound", str(LAB_CLOCK_ERROR_BOUND)]
-COMMON = [*SCALED, "--instance-type", "c6gn.medium", "--peer-instance-type", "c6gn.medium",
-          "--duration", "3", "--omit", "1", *CLOCK]  # fmt: skip
+CLOCK = ["--clock-error-bound", f"{LAB_CLOCK_ERROR_BOUND * 1e6:g}us"]
+COMMON = [
+    *SCALED,
+    "--instance-type",
+    "c6gn.medium",
+    "--peer-instance-type",
+    "c6gn.medium",
+    "--duration",
+    "3s",
+    "--omit",
+    "1s",
+    *CLOCK,
+]
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +72,19 @@ def test_small_receive_buffer_is_diagnosed_and_predicted(lab: None, tmp_path: Pa
     html = tmp_path / "report.html"
     # 6 s, not 3: one flow on this shared 2-core VM now and then dips for a second (CI once read
     # 18% low over 3 s; alone it reads 1-3% below the prediction).
-    proc = capacity(address(2), "--streams", "1,4", "--receiver-rmem", "1Mi", "--json", "--report", str(html),
-                    *COMMON, "--duration", "6")  # fmt: skip
+    proc = capacity(
+        address(2),
+        "--streams",
+        "1,4",
+        "--receiver-rmem",
+        "1Mi",
+        "--json",
+        "--report",
+        str(html),
+        *COMMON,
+        "--duration",
+        "6s",
+    )
     assert proc.returncode == 0, proc.stderr
     review = json.loads(proc.stdout)
     one = review["rows"][0]
@@ -78,9 +99,11 @@ def test_small_receive_buffer_is_diagnosed_and_predicted(lab: None, tmp_path: Pa
     # The lab's configured delay has its own check in test_lab.py.
     idle, loaded = review["rtt_seconds"], one["rtt_under_load_seconds"]
     at_loaded_rtt = one["expected_bits_per_second"] * idle / loaded
-    print(f"\none flow: {one['bits_per_second'] / 1e6:.1f} Mbit/s; bound {one['expected_bits_per_second'] / 1e6:.1f} "
-          f"at the idle RTT {idle * 1e3:.2f} ms, {at_loaded_rtt / 1e6:.1f} at the flow's "
-          f"{loaded * 1e3:.2f} ms")  # fmt: skip
+    print(
+        f"\none flow: {one['bits_per_second'] / 1e6:.1f} Mbit/s; bound {one['expected_bits_per_second'] / 1e6:.1f} "
+        f"at the idle RTT {idle * 1e3:.2f} ms, {at_loaded_rtt / 1e6:.1f} at the flow's "
+        f"{loaded * 1e3:.2f} ms"
+    )
     assert loaded >= idle * 0.98, "a flow saw a shorter RTT than the idle path's"
     assert one["bits_per_second"] == pytest.approx(at_loaded_rtt, rel=0.15)
     page = html.read_text()

@@ -19,7 +19,8 @@ import pytest
 
 from helpers import PATHPROBE, dashboards, panels, root_leftovers, wait_for
 from pathprobe import procs, promql
-from pathprobe.monitoring import rules
+from pathprobe.monitoring import common, culprits, rules
+from pathprobe.monitoring.params import Params
 from pathprobe_lab import topology
 from pathprobe_lab.configs import LAB_CLOCK_ERROR_BOUND, lab_alert_params, rotation_seconds
 from pathprobe_lab.demo import SLOT_SECONDS, idle_tail_bound
@@ -36,9 +37,26 @@ def query(expr: str) -> list[dict]:
 
 
 # Grafana's variables as "All" selects them, and its interval macros.
-SUBSTITUTE = {"$job": ".+", "$instance": ".+", "$region": ".*", "$host": ".*", "$peer": ".*",
-              "$__rate_interval": "1m", "$volume_tb": "40", "$price_per_gb": "0.02"}  # fmt: skip
-NO_DATA_EXPECTED = {"Firing pathprobe alerts", "Culprits now"}  # a healthy lab fires and names nothing
+SUBSTITUTE = {
+    "$job": ".+",
+    "$instance": ".+",
+    "$region": ".*",
+    "$host": ".*",
+    "$peer_region": ".*",  # before $peer, its prefix
+    "$peer": ".*",
+    "$__rate_interval": "1m",
+    "$volume_tb": "40",
+    "$price_per_gb": "0.02",
+}
+# A healthy lab fires and names nothing; the default demo's tests are TCP's, and the UDP tests'
+# panel has data only where UDP tests run; its hosts run no applications, so the panel of the
+# applications' flows alone (without the probes beside them) has none either.
+NO_DATA_EXPECTED = {
+    "Firing pathprobe alerts",
+    "Culprits now",
+    "UDP tests: the path's loss and the receiver's drops",
+    "Applications' bytes sent window- or buffer-limited, by peer region",
+}
 # The default demo (40 s slots: a 120 s rotation) stays silent this long from its start: five rotations.
 SILENT_SECONDS = 600
 # Every test of every path reaches this share of its floor at its best in the window.
@@ -80,7 +98,7 @@ def stays_silent(started: float) -> list[tuple[float, list[int]]]:
     at that time, since the lab's shapers, delay line and iperf3 run only while it gives it."""
     polls = [(time.monotonic() - started, cpu_times())]
     while time.monotonic() - started < SILENT_SECONDS:
-        assert not firing_alerts(), (firing_alerts(), steal_per_poll(polls))
+        assert not firing_alerts(), (firing_alerts(), steal_per_poll(polls), bad_paths())
         time.sleep(15)
         polls.append((time.monotonic() - started, cpu_times()))
     return polls
@@ -130,12 +148,16 @@ def test_the_default_demo_fills_prometheus_for_every_path_stays_silent_then_clea
         assert not fired, ([s["metric"] for s in fired], steal_per_poll(polls))
         # Every test of every path reaches its floor (the instance baseline, the per-flow or inter-region
         # cap, or the TCP window at the path's RTT) at its best in the window, under the demo's own load.
-        best = {(r["metric"]["host"], r["metric"]["peer"], r["metric"]["streams"]): float(r["value"][1]) for r in
-                query(f"max_over_time(path:pathprobe_throughput_expected_ratio:last[{SILENT_SECONDS}s])")}  # fmt: skip
+        best = {
+            (r["metric"]["host"], r["metric"]["peer"], r["metric"]["streams"]): float(r["value"][1])
+            for r in query(f"max_over_time(path:pathprobe_throughput_expected_ratio:last[{SILENT_SECONDS}s])")
+        }
         with capsys.disabled():
-            print(f"\ndemo: silent for {SILENT_SECONDS} s; best ratio to the floor per test: lowest "
-                  f"{min(best.values()):.3f} ({min(best, key=best.__getitem__)}), of {len(best)} tests; "
-                  f"{throughput_alerts_margin()}")  # fmt: skip
+            print(
+                f"\ndemo: silent for {SILENT_SECONDS} s; best ratio to the floor per test: lowest "
+                f"{min(best.values()):.3f} ({min(best, key=best.__getitem__)}), of {len(best)} tests; "
+                f"{throughput_alerts_margin()}"
+            )
         assert len(best) == 2 * len(paths) and min(best.values()) >= BEST_RATIO, best
         cpu_share = cpu_shares(cpu_before, cpu_times())
         tails = idle_rtt_tails()
@@ -161,8 +183,10 @@ def test_the_default_demo_fills_prometheus_for_every_path_stays_silent_then_clea
         delay_line = [x for x in f.read().decode(errors="replace").splitlines() if "releases late" in x]
     with capsys.disabled():
         summary = delay_line[-1] if delay_line else "no delay line summary"
-        print(f"demo: the machine's CPU over the silent window, % of all cores: {cpu_share}; {summary}; "
-              f"steal per poll: {steal_per_poll(polls)}")  # fmt: skip
+        print(
+            f"demo: the machine's CPU over the silent window, % of all cores: {cpu_share}; {summary}; "
+            f"steal per poll: {steal_per_poll(polls)}"
+        )
     # Idle RTT tails as tight as the path. While the delay line woke for each arrival as well as each release,
     # the widest tail was 0.12-0.135 ms above p50 on the 0.15 ms bound, and one run in seven missed by 0.01 ms;
     # since it wakes for releases only, 0.056-0.079 ms in eleven runs.
@@ -175,13 +199,14 @@ def throughput_alerts_margin() -> str:
     The expression's series carry either ratio's name, so the subquery takes their minimum first."""
     params = lab_alert_params(rotation_seconds(topology.load(None), SLOT_SECONDS))
     best, recent = rules.throughput_best_of_two(params)
-    closest = min(float(r["value"][1]) for r in query(
-        f"min_over_time(min({best}\n{recent})[{SILENT_SECONDS}s:15s])"))  # fmt: skip
+    closest = min(float(r["value"][1]) for r in query(f"min_over_time(min({best}\n{recent})[{SILENT_SECONDS}s:15s])"))
     ratio = "path:pathprobe_throughput_expected_ratio:last"
     worst = min(query(f"min_over_time({ratio}[{SILENT_SECONDS}s])"), key=lambda r: float(r["value"][1]))
     test = {k: v for k, v in worst["metric"].items() if k in ("host", "peer", "protocol", "streams", "direction")}
-    return (f"the throughput alerts' lowest value (best of two tests) {closest:.3f}, the worst test "
-            f"{float(worst['value'][1]):.3f} ({test}: {how_it_ran(ratio, test)})")  # fmt: skip
+    return (
+        f"the throughput alerts' lowest value (best of two tests) {closest:.3f}, the worst test "
+        f"{float(worst['value'][1]):.3f} ({test}: {how_it_ran(ratio, test)})"
+    )
 
 
 def how_it_ran(ratio: str, test: dict[str, str]) -> str:
@@ -195,10 +220,14 @@ def how_it_ran(ratio: str, test: dict[str, str]) -> str:
         return "its samples not found"
     lowest_at = min(ratios[0]["values"], key=lambda s: float(s[1]))[0]
     found = []
-    for name in ("pathprobe_throughput_converged", "pathprobe_throughput_test_duration_seconds",
-                 "pathprobe_throughput_retransmits", "pathprobe_throughput_receive_window_limited_ratio",
-                 "pathprobe_throughput_send_buffer_limited_ratio",
-                 "pathprobe_throughput_sender_rtt_seconds"):  # fmt: skip
+    for name in (
+        "pathprobe_throughput_converged",
+        "pathprobe_throughput_test_duration_seconds",
+        "pathprobe_throughput_retransmits",
+        "pathprobe_throughput_receive_window_limited_ratio",
+        "pathprobe_throughput_send_buffer_limited_ratio",
+        "pathprobe_throughput_sender_rtt_seconds",
+    ):
         # A minute further back than the ratio's window: the result behind a ratio recorded early in the
         # window was scraped before it began.
         series = query(f"{name}{{{matchers}}}[{SILENT_SECONDS + 60}s]")
@@ -220,10 +249,36 @@ def cpu_shares(before: list[int], after: list[int]) -> dict[str, float]:
     return {name: round(100 * t / sum(spent), 1) for name, t in zip(CPU_FIELDS, spent, strict=True)}
 
 
+# What a culprit or a path alert rose on, for a failure's message: each signal's bad paths as the
+# culprit rules see them (monitoring/culprits.py's path_signals reads these series).
+BAD_PATH_QUERIES = {
+    "bad level": f"{culprits.BAD} >= 1",
+    "throughput ratio": f'{common.EXPECTED_RATIO}{{direction="send"}} < {Params().throughput_ratio_warning:g}',
+    "idle loss": f"{culprits.PATH_IDLE_LOSS} > 0",
+}
+
+
+def bad_paths() -> dict[str, list[tuple[str, str, str, float]]]:
+    """Each signal's bad paths (host, peer, streams, value) at the moment of the failure."""
+    return {
+        what: [
+            (
+                s["metric"].get("host", ""),
+                s["metric"].get("peer", ""),
+                s["metric"].get("streams", ""),
+                float(s["value"][1]),
+            )
+            for s in query(q)
+        ]
+        for what, q in BAD_PATH_QUERIES.items()
+    }
+
+
 def steal_per_poll(polls: list[tuple[float, list[int]]]) -> str:
     """Each poll's end (s into the demo) and the share of both cores the hypervisor took in it."""
-    return " ".join(f"{end:.0f}s:{cpu_shares(before, after)['steal']}%"
-                    for (_, before), (end, after) in itertools.pairwise(polls))  # fmt: skip
+    return " ".join(
+        f"{end:.0f}s:{cpu_shares(before, after)['steal']}%" for (_, before), (end, after) in itertools.pairwise(polls)
+    )
 
 
 def idle_rtt_tails() -> dict[tuple[str, str, str], tuple[float, float, float]]:
@@ -245,23 +300,45 @@ def check_capacity_review() -> None:
     """The capacity review from the demo's stored history (several tests of each path, whose median it
     takes): Tokyo -> Osaka, bound by the inter-region cap (c6gn.xlarge: 5 Gbps, 500 Mbit/s at the lab's
     scale) and, with one flow, the per-flow cap."""
-    cap = subprocess.run([*PATHPROBE, "capacity", "--from-prometheus", PROM, "--peer", "osaka-a", "--host",
-                          "tokyo-a", "--streams", "1,4", "--limit", "per_flow=500M", "--json"],
-                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    cap = subprocess.run(
+        [
+            *PATHPROBE,
+            "capacity",
+            "--from-prometheus",
+            PROM,
+            "--peer",
+            "osaka-a",
+            "--host",
+            "tokyo-a",
+            "--streams",
+            "1,4",
+            "--limit",
+            "per_flow=500M",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert cap.returncode == 0, cap.stderr
     review = json.loads(cap.stdout)
     rows = {r["streams"]: r["bits_per_second"] for r in review["rows"]}
     # What Prometheus holds, as the review says...
-    stored = query('quantile_over_time(0.5, pathprobe_throughput_bytes_per_second{host="tokyo-a", peer="osaka-a", '
-                   'streams="1", direction="send"}[30d])')  # fmt: skip
+    stored = query(
+        'quantile_over_time(0.5, pathprobe_throughput_bytes_per_second{host="tokyo-a", peer="osaka-a", '
+        'streams="1", direction="send"}[30d])'
+    )
     assert rows[1] == pytest.approx(float(stored[0]["value"][1]) * 8, rel=0.01)
     # ...and a healthy path: one flow and four at their caps.
     assert rows[1] == pytest.approx(500e6, rel=0.05), rows
     assert rows[4] == pytest.approx(500e6, rel=0.05), rows
     # The one-way delays each way as stored (the lab states its clocks' bound), with the bounds added.
     for direction in ("forward", "reverse"):
-        stored = query(f'quantile_over_time(0.5, pathprobe_owd_seconds{{host="tokyo-a", peer="osaka-a", '
-                       f'state="idle", quantile="0.5", direction="{direction}"}}[30d])')  # fmt: skip
+        stored = query(
+            f'quantile_over_time(0.5, pathprobe_owd_seconds{{host="tokyo-a", peer="osaka-a", '
+            f'state="idle", quantile="0.5", direction="{direction}"}}[30d])'
+        )
         got = review["one_way"][f"{direction}_seconds"]["p50"]
         assert got == pytest.approx(float(stored[0]["value"][1]), rel=0.01), review["one_way"]
     assert review["one_way"]["error_bound_seconds"] == pytest.approx(2 * LAB_CLOCK_ERROR_BOUND)
@@ -282,8 +359,11 @@ def start_demo(tmp_path: Path) -> tuple[subprocess.Popen[bytes], list[int]]:
     """A small demo, once it says it is up, and the pids of every process it started."""
     topo = tmp_path / "topology.yaml"
     topo.write_text(SMALL)
-    demo = subprocess.Popen([*PATHPROBE, "demo", "--topology", str(topo), "--workdir", str(tmp_path / "work")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    demo = subprocess.Popen(
+        [*PATHPROBE, "demo", "--topology", str(topo), "--workdir", str(tmp_path / "work")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     assert demo.stdout is not None
     out, deadline = b"", time.monotonic() + 120
     while b"Ctrl-C stops" not in out:
@@ -344,8 +424,13 @@ def test_a_second_demo_refuses_a_taken_port_and_leaves_the_running_lab_alone(tmp
             held.bind(("127.0.0.1", 0))
             held.listen()
             port = held.getsockname()[1]
-            got = subprocess.run([*PATHPROBE, "demo", "--prometheus-port", str(port), "--duration", "5", "--workdir",
-                                  str(tmp_path)], capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+            got = subprocess.run(
+                [*PATHPROBE, "demo", "--prometheus-port", str(port), "--duration", "5s", "--workdir", str(tmp_path)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
         assert got.returncode != 0 and f"port(s) {port} on 127.0.0.1 already in use" in got.stderr, got.stderr
         assert "Traceback" not in got.stderr
         assert sentinel in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout

@@ -13,7 +13,7 @@ import pytest
 
 from helpers import PATHPROBE, Samples, in_host, payload_rate, scrape, start_exporter, topology, value, wait_for
 from pathprobe import procs
-from pathprobe.config import RttSettings
+from pathprobe.probe_settings import RttSettings
 from pathprobe_lab import net, shaping
 from pathprobe_lab.configs import exporter_config
 from pathprobe_lab.state import State
@@ -135,7 +135,7 @@ def test_outsider_is_refused_and_counted(mesh: dict) -> None:
     rtt = in_host("delta", [*PATHPROBE, "probe", "rtt", address(1), "-c", "2"])
     assert rtt.returncode == 1
     assert "not_allowed" in rtt.stderr
-    loss = in_host("delta", [*PATHPROBE, "probe", "loss", address(1), "-c", "5", "--timeout", "1", "--json"])
+    loss = in_host("delta", [*PATHPROBE, "probe", "loss", address(1), "-c", "5", "--timeout", "1s", "--json"])
     assert loss.returncode == 1
     assert '"not_allowed": 5' in loss.stdout
 
@@ -147,7 +147,7 @@ def test_outsider_is_refused_and_counted(mesh: dict) -> None:
 
     wait_for("refusals counted", lambda: refused("rr") >= 1 and refused("echo") >= 5, timeout=15)
     # A peer is answered by the same responders.
-    ok = in_host("beta", [*PATHPROBE, "probe", "rtt", address(1), "-c", "3", "-i", "0.05"])
+    ok = in_host("beta", [*PATHPROBE, "probe", "rtt", address(1), "-c", "3", "-i", "50ms"])
     assert ok.returncode == 0, ok.stderr
 
 

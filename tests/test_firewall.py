@@ -36,12 +36,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     work = tmp_path_factory.mktemp("firewall")
     net.up(PEER_SERVER_STRANGER)
     cfg = work / "server.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "host": {"name": "server", "address": SERVER, "region": "r"},
-        "peers": [{"name": "peer", "address": address(1), "region": "r", "path_class": "intra_region"}],
-    }))  # fmt: skip
-    serve = subprocess.Popen(in_ns(ns("server"), [*PATHPROBE, "serve", "--allow", address(1) + "/32"]),
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "host": {"name": "server", "address": SERVER, "region": "r"},
+                "peers": [{"name": "peer", "address": address(1), "region": "r", "path_class": "intra_region"}],
+            }
+        )
+    )
+    serve = subprocess.Popen(
+        in_ns(ns("server"), [*PATHPROBE, "serve", "--allow", address(1) + "/32"]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     assert serve.stdout is not None and serve.stdout.readline()  # ready
     yield cfg
     serve.terminate()
@@ -50,13 +57,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def hold() -> subprocess.Popen[str]:
-    stranger = subprocess.Popen(in_ns(ns("stranger"), [sys.executable, "-c", HOLD]), stdout=subprocess.PIPE,
-                                text=True)  # fmt: skip
+    stranger = subprocess.Popen(in_ns(ns("stranger"), [sys.executable, "-c", HOLD]), stdout=subprocess.PIPE, text=True)
     return stranger
 
 
 def probe() -> subprocess.CompletedProcess[str]:
-    return in_host("peer", [*PATHPROBE, "probe", "throughput", SERVER, "--duration", "1", "--omit", "0"], timeout=60)
+    return in_host("peer", [*PATHPROBE, "probe", "throughput", SERVER, "--duration", "1s", "--omit", "0s"], timeout=60)
 
 
 def test_without_the_firewall_a_stranger_blocks_the_peer(server: Path) -> None:

@@ -45,10 +45,17 @@ TEST_LINE = re.compile(r"throughput test -> (\S+) (\S+): from ([0-9.]+) to ([0-9
 
 
 def config(host: str, work: Path, members: list[str], epoch: float | None = None) -> dict[str, Any]:
-    cfg = exporter_config(TOPO, host, work, SLOT, {
-        "throughput": {"streams": [1], "duration_seconds": 1, "omit_seconds": 0},
-        "rtt": {"interval_seconds": 0.5}, "loss": {"rate_pps": 5},
-    })  # fmt: skip
+    cfg = exporter_config(
+        TOPO,
+        host,
+        work,
+        SLOT,
+        {
+            "throughput": {"streams": [1], "duration_seconds": 1, "omit_seconds": 0},
+            "rtt": {"interval_seconds": 0.5},
+            "loss": {"rate_pps": 5},
+        },
+    )
     cfg["peers"] = [p for p in cfg["peers"] if p["name"] in members]
     cfg["schedule"] = {"slot_seconds": SLOT, "jitter_seconds": 0.5, "timeout_margin_seconds": 1}
     if epoch is not None:
@@ -60,8 +67,17 @@ def start_prometheus(name: str, work: Path, port: int, cfg: dict[str, Any], *fla
     (work / f"{name}.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     data = work / f"{name}-data"
     shutil.rmtree(data, ignore_errors=True)
-    spawn([demo.binary("prometheus"), f"--config.file={work / f'{name}.yml'}", f"--storage.tsdb.path={data}",
-           f"--web.listen-address=127.0.0.1:{port}", *flags], work / f"{name}.log", name)  # fmt: skip
+    spawn(
+        [
+            demo.binary("prometheus"),
+            f"--config.file={work / f'{name}.yml'}",
+            f"--storage.tsdb.path={data}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            *flags,
+        ],
+        work / f"{name}.log",
+        name,
+    )
     url = f"http://127.0.0.1:{port}"
     demo.wait_ready(f"{url}/-/ready", name)
     return url
@@ -88,33 +104,53 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     try:
         rule_file = work / "pathprobe.rules.yml"
         rule_file.write_text(rules.dump(lab_alert_params(ROTATION)))
-        global_url = start_prometheus("global", work, GLOBAL_PORT, prometheus.render("global", interval="5s"),
-                                      "--web.enable-remote-write-receiver")  # fmt: skip
+        global_url = start_prometheus(
+            "global",
+            work,
+            GLOBAL_PORT,
+            prometheus.render("global", interval="5s"),
+            "--web.enable-remote-write-receiver",
+        )
         regional = {}
         for region in REGIONS:
             targets = work / f"targets-{region}.json"
             targets.write_text(json.dumps([t for t in scrape_targets(TOPO) if t["labels"]["region"] == region]))
-            cfg = prometheus.render("regional", file_sd=str(targets), rule_files=[str(rule_file)], interval="5s",
-                                    remote_write_url=f"{global_url}/api/v1/write",
-                                    external_labels={"prometheus": f"regional-{region}"})  # fmt: skip
+            cfg = prometheus.render(
+                "regional",
+                file_sd=str(targets),
+                rule_files=[str(rule_file)],
+                interval="5s",
+                remote_write_url=f"{global_url}/api/v1/write",
+                external_labels={"prometheus": f"regional-{region}"},
+            )
             regional[region] = start_prometheus(f"regional-{region}", work, REGIONAL_PORTS[region], cfg)
         old = [h.name for h in TOPO.hosts if h.name != NEW]
         procs = {h: start_exporter(h, config(h, work, old), work) for h in old}
         # One rotation of the old mesh: every old host has run tests.
-        wait_for("a rotation of the 5-host mesh", lambda: {c for _, _, c, _ in logged_tests(work)} == set(old),
-                 timeout=3 * ROTATION)  # fmt: skip
+        wait_for(
+            "a rotation of the 5-host mesh",
+            lambda: {c for _, _, c, _ in logged_tests(work)} == set(old),
+            timeout=3 * ROTATION,
+        )
         epoch = math.ceil((time.time() + 20) / SLOT) * SLOT
         reloaded = {}
         for h in old:  # a rolling change: one host at a time, the next once this one has applied it
             (work / f"{h}.yaml").write_text(yaml.safe_dump(config(h, work, [*old, NEW], epoch)))
             procs[h].send_signal(signal.SIGHUP)
-            wait_for(f"{h}'s reload applied", lambda h=h: "config reloaded" in (work / f"{h}.log").read_text(),
-                     timeout=10, every=0.1)  # fmt: skip
+            wait_for(
+                f"{h}'s reload applied",
+                lambda h=h: "config reloaded" in (work / f"{h}.log").read_text(),
+                timeout=10,
+                every=0.1,
+            )
             reloaded[h] = time.time()
         procs[NEW] = start_exporter(NEW, config(NEW, work, [*old, NEW], epoch), work)
         assert max(reloaded.values()) < epoch, "the rollout ran past the epoch: lengthen it"
-        wait_for("one rotation of the new mesh", lambda: time.time() > epoch + ROTATION + 2 * SLOT,
-                 timeout=epoch + ROTATION + 3 * SLOT - time.time())  # fmt: skip
+        wait_for(
+            "one rotation of the new mesh",
+            lambda: time.time() > epoch + ROTATION + 2 * SLOT,
+            timeout=epoch + ROTATION + 3 * SLOT - time.time(),
+        )
         yield {"work": work, "epoch": epoch, "procs": procs, "global": global_url, "regional": regional}
     finally:
         net.down()

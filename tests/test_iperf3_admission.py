@@ -31,10 +31,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         "peers": [{"name": "peer", "address": address(1), "region": "r", "path_class": "intra_region"}],
         "schedule": {"slot_seconds": SLOT, "jitter_seconds": 1, "timeout_margin_seconds": 3},
         # Only the responders matter here: the peer runs no exporter to probe.
-        "probes": {"throughput": {"enabled": False}, "rtt": {"enabled": False}, "loss": {"enabled": False},
-                   "mtu": {"enabled": False}},
+        "probes": {
+            "throughput": {"enabled": False},
+            "rtt": {"enabled": False},
+            "loss": {"enabled": False},
+            "mtu": {"enabled": False},
+        },
         "budget": {"state_file": str(work / "budget.json")},
-    }  # fmt: skip
+    }
     exporter = start_exporter("server", cfg, work)
     wait_for("the server's iperf3", lambda: value(scrape(METRICS), "pathprobe_iperf3_server_up") == 1, timeout=30)
     yield
@@ -54,14 +58,16 @@ def within_turn_of(host: str) -> None:
 
 
 def measured_from(host: str) -> bool:
-    probe = in_host(host, [*PATHPROBE, "probe", "throughput", SERVER, "--duration", "1", "--omit", "0"], timeout=60)
+    probe = in_host(host, [*PATHPROBE, "probe", "throughput", SERVER, "--duration", "1s", "--omit", "0s"], timeout=60)
     return probe.returncode == 0
 
 
 def iperf3_counts() -> dict[str, float | None]:
     got = scrape(METRICS)
-    return {r: value(got, "pathprobe_responder_requests_total", responder="iperf3", result=r)
-            for r in ("ok", "not_allowed", "out_of_turn")}  # fmt: skip
+    return {
+        r: value(got, "pathprobe_responder_requests_total", responder="iperf3", result=r)
+        for r in ("ok", "not_allowed", "out_of_turn")
+    }
 
 
 def test_a_peer_tests_in_its_turn_and_is_cut_outside_it(server: None) -> None:

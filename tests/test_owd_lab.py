@@ -63,9 +63,13 @@ def east(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     net.up(TOPO)
     set_delay("west", "east", BACK)
     for h in TOPO.hosts:
-        cfg = exporter_config(TOPO, h.name, work, 20, {"throughput": {"enabled": False},
-                                                       "rtt": {"quantile_window_seconds": WINDOW},
-                                                       "loss": {"dscp": EF}})  # fmt: skip
+        cfg = exporter_config(
+            TOPO,
+            h.name,
+            work,
+            20,
+            {"throughput": {"enabled": False}, "rtt": {"quantile_window_seconds": WINDOW}, "loss": {"dscp": EF}},
+        )
         start_exporter(h.name, cfg, work, clock_ahead(SKEW) if h.name == "skewed" else ())
     yield f"{address(1)}:{METRICS_PORT}"
     net.down()
@@ -76,8 +80,10 @@ def medians(metrics: str) -> tuple[float, float] | None:
     s = scrape(metrics)
     if value(s, "pathprobe_owd_trusted", peer="west") != 1:
         return None
-    found = [value(s, "pathprobe_owd_seconds", peer="west", direction=d, state="idle", quantile="0.5")
-             for d in ("forward", "reverse")]  # fmt: skip
+    found = [
+        value(s, "pathprobe_owd_seconds", peer="west", direction=d, state="idle", quantile="0.5")
+        for d in ("forward", "reverse")
+    ]
     return (found[0], found[1]) if found[0] is not None and found[1] is not None else None
 
 
@@ -106,8 +112,10 @@ def test_a_router_that_bleaches_marks_one_way_is_seen_that_way_only(east: str) -
     for direction in ("forward", "reverse"):
         assert value(s, "pathprobe_dscp_received_info", peer="west", direction=direction, sent="46", received="46") == 1
     assert changed(east, "forward") == changed(east, "reverse") == changed(west, "forward") == 0
-    rule = (f"table inet bleach {{\n chain marks {{\n type filter hook forward priority 0\n"
-            f" ip saddr {address(1)} ip daddr {address(2)} ip dscp set cs0\n }}\n}}\n")  # fmt: skip
+    rule = (
+        f"table inet bleach {{\n chain marks {{\n type filter hook forward priority 0\n"
+        f" ip saddr {address(1)} ip daddr {address(2)} ip dscp set cs0\n }}\n}}\n"
+    )
     router_nft(rule)
     try:
         # east's echoes reach west as CS0 (its answers, sent with that, come back as CS0: unchanged);

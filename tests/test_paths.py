@@ -39,8 +39,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     log = (work / "west.log").open("w")
     responder = subprocess.Popen(
         ["ip", "netns", "exec", ns("west"), *PATHPROBE, "serve", "--listen", WEST, "--allow", "198.18.0.0/15"],
-        stdout=log, stderr=log,
-    )  # fmt: skip
+        stdout=log,
+        stderr=log,
+    )
     try:
         wait_for("the responder", lambda: "answering" in (work / "west.log").read_text(), timeout=30, every=0.2)
         yield work
@@ -59,7 +60,7 @@ def loss_probe(*args: str, timeout: float = 120) -> dict:
 def test_loss_is_split_by_direction(lab: Path) -> None:
     lab_cli("impair", "east", "west", "--loss", "2%")  # east -> west only
     try:
-        r = loss_probe("--count", "12000", "--rate", "1000")
+        r = loss_probe("--count", "12000", "--rate", "1000/s")
     finally:
         lab_cli("restore", "east", "west")
     sent = r["sent"]
@@ -71,10 +72,25 @@ def test_one_dead_flow_shows_as_a_failing_flow(lab: Path) -> None:
     # The prober's 8 sockets get their source ports when it starts: drop everything one of
     # them sends, as a broken member of an ECMP group would for the flows hashed onto it.
     proc = subprocess.Popen(
-        ["ip", "netns", "exec", ns("east"), *PATHPROBE, "probe", "loss", WEST, "--json", "--count", "1600",
-         "--rate", "100"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            "ip",
+            "netns",
+            "exec",
+            ns("east"),
+            *PATHPROBE,
+            "probe",
+            "loss",
+            WEST,
+            "--json",
+            "--count",
+            "1600",
+            "--rate",
+            "100/s",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
 
         def ports() -> list[int] | None:
@@ -84,8 +100,10 @@ def test_one_dead_flow_shows_as_a_failing_flow(lab: Path) -> None:
 
         victim = wait_for("the prober's 8 flows", ports, timeout=20, every=0.1)[3]
         # Dropped on the way (the router), not at the sender (where send() would fail with EPERM).
-        router_nft(f"table inet ecmp {{\n chain member {{\n type filter hook forward priority 0\n"
-                    f" udp sport {victim} drop\n }}\n}}\n")  # fmt: skip
+        router_nft(
+            f"table inet ecmp {{\n chain member {{\n type filter hook forward priority 0\n"
+            f" udp sport {victim} drop\n }}\n}}\n"
+        )
         out, _ = proc.communicate(timeout=60)
     finally:
         proc.kill()
@@ -98,7 +116,7 @@ def test_one_dead_flow_shows_as_a_failing_flow(lab: Path) -> None:
 
 MTU_SCRIPT = """
 import asyncio, json, sys
-from pathprobe.config import MtuSettings
+from pathprobe.probe_settings import MtuSettings
 from pathprobe.probes import MtuProber, Target
 seen = []
 class Sink:
@@ -123,8 +141,10 @@ def test_a_lowered_mtu_is_seen_and_a_black_hole_too(lab: Path) -> None:
         assert mtu_probe() == [[1400, True, None], [1500, False, "fragmentation_needed"]]
         # It no longer says so (its ICMP filtered as it leaves): a black hole, seen as a timeout.
         # The probe ignores the MTU the host learnt from the ICMP above (IP_PMTUDISC_PROBE).
-        router_nft("table inet pmtu {\n chain out {\n type filter hook output priority 0\n"
-                    " icmp type destination-unreachable icmp code frag-needed drop\n }\n}\n")  # fmt: skip
+        router_nft(
+            "table inet pmtu {\n chain out {\n type filter hook output priority 0\n"
+            " icmp type destination-unreachable icmp code frag-needed drop\n }\n}\n"
+        )
         assert mtu_probe() == [[1400, True, None], [1500, False, "timeout"]]
     finally:
         subprocess.run(["ip", "-n", ROUTER, "link", "set", WEST_ROUTER_LINK, "mtu", "1500"], check=False)

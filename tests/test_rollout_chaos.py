@@ -45,15 +45,35 @@ SEED = 20260522
 MIN_MEMBERS = 3
 # Probe settings a change picks from: each fits the slot, and every host gets the same.
 SETTINGS: list[dict[str, Any]] = [
-    {"throughput": {"protocols": ["tcp"], "streams": [1], "duration_seconds": 1, "omit_seconds": 0,
-                    "steady_state": {"enabled": False}},
-     "rtt": {"interval_seconds": 0.5}, "loss": {"rate_pps": 5}},
-    {"throughput": {"protocols": ["udp"], "streams": [1], "duration_seconds": 1, "omit_seconds": 0,
-                    "udp_bitrate": "50M"},
-     "rtt": {"interval_seconds": 0.25}, "loss": {"rate_pps": 10}, "mtu": {"enabled": False}},
-    {"throughput": {"protocols": ["tcp"], "streams": [2], "duration_seconds": 1, "omit_seconds": 0},
-     "rtt": {"interval_seconds": 1}, "loss": {"rate_pps": 2}},
-]  # fmt: skip
+    {
+        "throughput": {
+            "protocols": ["tcp"],
+            "streams": [1],
+            "duration_seconds": 1,
+            "omit_seconds": 0,
+            "steady_state": {"enabled": False},
+        },
+        "rtt": {"interval_seconds": 0.5},
+        "loss": {"rate_pps": 5},
+    },
+    {
+        "throughput": {
+            "protocols": ["udp"],
+            "streams": [1],
+            "duration_seconds": 1,
+            "omit_seconds": 0,
+            "udp_bitrate": "50M",
+        },
+        "rtt": {"interval_seconds": 0.25},
+        "loss": {"rate_pps": 10},
+        "mtu": {"enabled": False},
+    },
+    {
+        "throughput": {"protocols": ["tcp"], "streams": [2], "duration_seconds": 1, "omit_seconds": 0},
+        "rtt": {"interval_seconds": 1},
+        "loss": {"rate_pps": 2},
+    },
+]
 # The storm: a member list this long (the lab's hosts and strangers), asked for by this many SIGHUPs.
 STORM_MEMBERS, STORM_SIGHUPS = 10_000, 10
 # Tests that ran: an attempt the peer's server cut as it connected (out of turn) held nobody.
@@ -109,8 +129,15 @@ class Fleet:
 
 def strangers(n: int) -> list[dict[str, str]]:
     """Members of other regions at addresses no lab host has: nothing answers there."""
-    return [{"name": f"m{i:05d}", "address": f"198.19.{i // 250}.{i % 250 + 1}", "region": f"x{i % 19}",
-             "path_class": "inter_region"} for i in range(n)]  # fmt: skip
+    return [
+        {
+            "name": f"m{i:05d}",
+            "address": f"198.19.{i // 250}.{i % 250 + 1}",
+            "region": f"x{i % 19}",
+            "path_class": "inter_region",
+        }
+        for i in range(n)
+    ]
 
 
 @dataclass
@@ -181,8 +208,10 @@ def storm(fleet: Fleet, host: str) -> Storm:
         now = against(scrape(metrics_address(peer)), host)
         return now if now[1] > answered[peer] else None
 
-    after = {p: wait_for(f"{p}: a snapshot after {host}'s storm", lambda p=p: newer(p), timeout=3 * REFRESH, every=0.5)
-             for p in peers}  # fmt: skip
+    after = {
+        p: wait_for(f"{p}: a snapshot after {host}'s storm", lambda p=p: newer(p), timeout=3 * REFRESH, every=0.5)
+        for p in peers
+    }
     counted = {p: {kind: n - before[p][0].get(kind, 0) for kind, n in after[p][0].items()} for p in peers}
     return Storm(host, seconds, (value(got, reloads, result="success") or 0) - reloads_before, counted, linked)
 
@@ -238,8 +267,12 @@ def healthy(fleet: Fleet) -> None:
             return None if gone or not applied else got
 
         try:
-            got = wait_for(f"{host}: the epoch {fleet.epoch} (or later) applied, no series of {sorted(fleet.left)}",
-                           fresh, timeout=4 * REFRESH, every=0.5)  # fmt: skip
+            got = wait_for(
+                f"{host}: the epoch {fleet.epoch} (or later) applied, no series of {sorted(fleet.left)}",
+                fresh,
+                timeout=4 * REFRESH,
+                every=0.5,
+            )
         except AssertionError as exc:
             raise AssertionError(f"{exc}; its last scrape read {seen}") from None
         assert (value(got, "pathprobe_scrape_snapshot_age_seconds") or 0) < 2 * REFRESH, host
@@ -266,8 +299,11 @@ def rolled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     try:
         for host in HOSTS:
             fleet.start(host, None)
-        wait_for("every host has run a test", lambda: {c for _, _, c, _ in logged_tests(fleet.work)} == set(HOSTS),
-                 timeout=6 * 5 * SLOT)  # fmt: skip
+        wait_for(
+            "every host has run a test",
+            lambda: {c for _, _, c, _ in logged_tests(fleet.work)} == set(HOSTS),
+            timeout=6 * 5 * SLOT,
+        )
         rng = random.Random(SEED)
         started = time.monotonic()
         for moment in sorted(rng.uniform(0, SPAN) for _ in range(CHANGES)):
@@ -292,9 +328,11 @@ def test_a_large_reload_in_a_sighup_burst_costs_the_peers_nothing(rolled: Fleet)
     got = rolled.storm
     assert got is not None
     counted = {p: {kind: n for kind, n in kinds.items() if n} for p, kinds in got.counted.items()}
-    print(f"\n{got.host}: a burst of {STORM_SIGHUPS} SIGHUPs for {STORM_MEMBERS} members and back: {got.reloads:g} "
-          f"reloads in {got.seconds:.1f} s; its peers counted {counted}, of which it stayed linked with "
-          f"{sorted(got.linked)}")  # fmt: skip
+    print(
+        f"\n{got.host}: a burst of {STORM_SIGHUPS} SIGHUPs for {STORM_MEMBERS} members and back: {got.reloads:g} "
+        f"reloads in {got.seconds:.1f} s; its peers counted {counted}, of which it stayed linked with "
+        f"{sorted(got.linked)}"
+    )
     assert got.reloads == 3, "the burst should cost two reloads, and going back one"
     assert got.linked, "the large list links the host with none of the lab's hosts"
     assert not any(counted[p] for p in got.linked), "linked peers counted idle echoes lost or RTT probes failed"

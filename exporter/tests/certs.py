@@ -18,8 +18,23 @@ def _key(path: Path) -> None:
 def self_signed(d: Path) -> tuple[Path, Path]:
     """(certificate, key) written into `d` by openssl."""
     cert, key = d / "cert.pem", d / "key.pem"
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-subj", "/CN=127.0.0.1", "-days", "1", "-keyout", str(key), "-out", str(cert))  # fmt: skip
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-days",
+        "1",
+        "-keyout",
+        str(key),
+        "-out",
+        str(cert),
+    )
     return cert, key
 
 
@@ -29,8 +44,23 @@ def signed_by(ca: Path, ca_key: Path, d: Path, name: str, extension: str) -> tup
     _key(key)
     _openssl("req", "-new", "-key", str(key), "-subj", f"/CN={name}", "-out", str(csr))
     ext.write_text(extension + "\n")
-    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
-             "-days", "1", "-extfile", str(ext), "-out", str(cert))  # fmt: skip
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(ca),
+        "-CAkey",
+        str(ca_key),
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        str(ext),
+        "-out",
+        str(cert),
+    )
     return cert, key
 
 
@@ -39,10 +69,12 @@ def mutual_tls(d: Path) -> dict[str, Path]:
     ca, server, server_key, client, client_key."""
     ca, ca_key = d / "ca.pem", d / "ca-key.pem"
     _key(ca_key)
-    _openssl("req", "-x509", "-new", "-key", str(ca_key), "-subj", "/CN=pathprobe test CA", "-days", "1",
-             "-out", str(ca))  # fmt: skip
-    server, server_key = signed_by(ca, ca_key, d, "server", "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-                                   "extendedKeyUsage=serverAuth")  # fmt: skip
+    _openssl(
+        "req", "-x509", "-new", "-key", str(ca_key), "-subj", "/CN=pathprobe test CA", "-days", "1", "-out", str(ca)
+    )
+    server, server_key = signed_by(
+        ca, ca_key, d, "server", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth"
+    )
     client, client_key = signed_by(ca, ca_key, d, "client", "extendedKeyUsage=clientAuth")
     return {"ca": ca, "server": server, "server_key": server_key, "client": client, "client_key": client_key}
 

@@ -6,6 +6,7 @@ import http.client
 import json
 import os
 import random
+import select
 import signal
 import socket
 import subprocess
@@ -40,6 +41,30 @@ def unused_port() -> int:
         return port
 
 
+def serve(address: str, ports: dict[str, Any], seconds: float = 30) -> subprocess.Popen[bytes]:
+    """`pathprobe serve` (the responders alone) on `address` at `ports`' rr, echo and iperf3 ports,
+    once it says it is ready: its iperf3 listens then (a prober that connects before would be refused,
+    and on a VM short of CPU the server's start takes seconds)."""
+    flags = {"--rr-port": ports["rr_port"], "--echo-port": ports["echo_port"], "--iperf3-port": ports["iperf3_port"]}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pathprobe", "serve", "--listen", address, *(f"{k}={v}" for k, v in flags.items())],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None
+    said, deadline = b"", time.monotonic() + seconds
+    while b"pathprobe serve:" not in said:
+        left = deadline - time.monotonic()
+        readable = left > 0 and select.select([proc.stdout], [], [], left)[0]
+        chunk = os.read(proc.stdout.fileno(), 4096) if readable else b""
+        if not chunk:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"pathprobe serve not ready within {seconds:g} s (exit {proc.returncode}): {said!r}")
+        said += chunk
+    return proc
+
+
 def member(name: str, address: str) -> dict[str, Any]:
     ports = {"rr_port": unused_port(), "echo_port": unused_port(), "iperf3_port": unused_port()}
     return {"name": name, "address": address, "region": f"r-{name}", "path_class": "inter_region", **ports}
@@ -51,7 +76,8 @@ def config(tmp_path: Path, me: dict[str, Any], peers: list[dict[str, Any]], web:
         "peers": peers,
         "probes": {
             "throughput": {"protocols": ["tcp"], "streams": [1], "duration_seconds": 1, "omit_seconds": 0},
-            "rtt": {"interval_seconds": 0.2}, "loss": {"rate_pps": 10},
+            "rtt": {"interval_seconds": 0.2},
+            "loss": {"rate_pps": 10},
         },
         "schedule": {"slot_seconds": slot, "jitter_seconds": 0, "timeout_margin_seconds": 1},
         "responders": {"listen": me["address"], "rr_port": me["rr_port"], "echo_port": me["echo_port"]},
@@ -60,7 +86,7 @@ def config(tmp_path: Path, me: dict[str, Any], peers: list[dict[str, Any]], web:
         "budget": {"state_file": str(tmp_path / f"budget-{me['name']}.json")},
         # One kernel clock: one-way delays of some microseconds are exact to the stamps' nanoseconds.
         "clock": {"source": "stated", "error_bound_seconds": 1e-8},
-    }  # fmt: skip
+    }
     path = tmp_path / f"{me['name']}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -72,8 +98,12 @@ def exporter(path: Path, log: Path, prefix: tuple[str, ...] = ()) -> Iterator[No
     with log.open("w") as out:
         # A session of its own: a prefix (faketime) may run the exporter as its child, and the
         # signal must reach the exporter, not only the prefix.
-        proc = subprocess.Popen([*prefix, sys.executable, "-m", "pathprobe", "run", "--config", str(path)],
-                                stdout=subprocess.DEVNULL, stderr=out, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [*prefix, sys.executable, "-m", "pathprobe", "run", "--config", str(path)],
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+            start_new_session=True,
+        )
     try:
         yield
     finally:
@@ -156,16 +186,26 @@ def prometheus(work: Path, scrape_configs: list[dict[str, Any]], rule_files: tup
     """A real Prometheus scraping and evaluating every second, its data and log in `work`; yields
     its URL once ready."""
     port = unused_port()
-    (work / "prometheus.yml").write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(f) for f in rule_files],
-        "scrape_configs": scrape_configs,
-    }))  # fmt: skip
+    (work / "prometheus.yml").write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(f) for f in rule_files],
+                "scrape_configs": scrape_configs,
+            }
+        )
+    )
     with (work / "prometheus.log").open("w") as log:
-        proc = subprocess.Popen(["prometheus", f"--config.file={work / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={work / 'prom-data'}",
-                                 f"--web.listen-address=127.0.0.1:{port}"],
-                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            [
+                "prometheus",
+                f"--config.file={work / 'prometheus.yml'}",
+                f"--storage.tsdb.path={work / 'prom-data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         url = f"http://127.0.0.1:{port}"
         until("Prometheus ready", lambda: urllib.request.urlopen(f"{url}/-/ready", timeout=2).status == 200)

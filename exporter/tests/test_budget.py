@@ -13,7 +13,7 @@ from typing import NoReturn
 
 import pytest
 import yaml
-from loopback_mesh import unused_port, wait_for
+from loopback_mesh import serve, unused_port, wait_for
 from permissions import unreadable
 
 from pathprobe import budget
@@ -190,30 +190,42 @@ def test_a_real_exporter_exports_what_the_budget_alerts_read(tmp_path: Path) -> 
     """Real processes on loopback: `pathprobe run` (h0) tests `pathprobe serve` (h1). Its state
     file turns into a directory while it runs: the writes after its tests fail and are counted;
     restarted on a corrupt file, today counts as spent. Both series are the ones the alerts read."""
-    read = {name for rule in rules.render(params.Params())["groups"][-1]["rules"]
-            if rule["alert"].startswith("PathprobeBudgetS")
-            for name in re.findall(r"pathprobe_\w+", rule["expr"])}  # fmt: skip
+    read = {
+        name
+        for rule in rules.render(params.Params())["groups"][-1]["rules"]
+        if rule["alert"].startswith("PathprobeBudgetS")
+        for name in re.findall(r"pathprobe_\w+", rule["expr"])
+    }
     assert read == {"pathprobe_budget_state_unusable", "pathprobe_budget_save_failures_total"}
     h1 = {"rr_port": unused_port(), "echo_port": unused_port(), "iperf3_port": unused_port()}
     state, web = tmp_path / "budget.json", unused_port()
     cfg = tmp_path / "pathprobe.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "host": {"name": "h0", "address": "127.0.0.1", "region": "r1"},
-        "peers": [{"name": "h1", "address": "127.0.0.2", "region": "r2", "path_class": "inter_region", **h1}],
-        "probes": {"throughput": {"protocols": ["udp"], "streams": [1], "udp_bitrate": "10M", "duration_seconds": 1,
-                                  "omit_seconds": 0},
-                   "rtt": {"interval_seconds": 0.5}, "loss": {"rate_pps": 2}, "mtu": {"enabled": False}},
-        "schedule": {"slot_seconds": 10, "jitter_seconds": 0, "timeout_margin_seconds": 1},
-        "responders": {"listen": "127.0.0.1", "rr_port": unused_port(), "echo_port": unused_port()},
-        "iperf3": {"port": unused_port()},
-        "web": {"listen": f"127.0.0.1:{web}"},
-        "budget": {"state_file": str(state)},
-    }))  # fmt: skip
-    server = subprocess.Popen(
-        [sys.executable, "-m", "pathprobe", "serve", "--listen", "127.0.0.2", "--rr-port", str(h1["rr_port"]),
-         "--echo-port", str(h1["echo_port"]), "--iperf3-port", str(h1["iperf3_port"])],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "host": {"name": "h0", "address": "127.0.0.1", "region": "r1"},
+                "peers": [{"name": "h1", "address": "127.0.0.2", "region": "r2", "path_class": "inter_region", **h1}],
+                "probes": {
+                    "throughput": {
+                        "protocols": ["udp"],
+                        "streams": [1],
+                        "udp_bitrate": "10M",
+                        "duration_seconds": 1,
+                        "omit_seconds": 0,
+                    },
+                    "rtt": {"interval_seconds": 0.5},
+                    "loss": {"rate_pps": 2},
+                    "mtu": {"enabled": False},
+                },
+                "schedule": {"slot_seconds": 10, "jitter_seconds": 0, "timeout_margin_seconds": 1},
+                "responders": {"listen": "127.0.0.1", "rr_port": unused_port(), "echo_port": unused_port()},
+                "iperf3": {"port": unused_port()},
+                "web": {"listen": f"127.0.0.1:{web}"},
+                "budget": {"state_file": str(state)},
+            }
+        )
+    )
+    server = serve("127.0.0.2", h1)
     run = [sys.executable, "-m", "pathprobe", "run", "--config", str(cfg)]
     errs = []
     try:
@@ -221,9 +233,12 @@ def test_a_real_exporter_exports_what_the_budget_alerts_read(tmp_path: Path) -> 
         try:
             wait_for(web, "first scrape", lambda got: ("pathprobe_budget_state_unusable", frozenset()) in got)
             state.mkdir()  # after the start read no file: the writes after the next tests fail
-            got = wait_for(web, "a failed write of the state file counted",
-                           lambda got: got.get(("pathprobe_budget_save_failures_total", frozenset()), 0) >= 1,
-                           seconds=60)  # fmt: skip
+            got = wait_for(
+                web,
+                "a failed write of the state file counted",
+                lambda got: got.get(("pathprobe_budget_save_failures_total", frozenset()), 0) >= 1,
+                seconds=60,
+            )
             assert got["pathprobe_budget_state_unusable", frozenset()] == 0
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -233,8 +248,11 @@ def test_a_real_exporter_exports_what_the_budget_alerts_read(tmp_path: Path) -> 
         state.write_text("{not json")
         proc = subprocess.Popen(run, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
-            got = wait_for(web, "the unusable state file",
-                           lambda got: got.get(("pathprobe_budget_state_unusable", frozenset())) == 1)  # fmt: skip
+            got = wait_for(
+                web,
+                "the unusable state file",
+                lambda got: got.get(("pathprobe_budget_state_unusable", frozenset())) == 1,
+            )
             assert got["pathprobe_budget_remaining_bytes", frozenset()] == 0
             assert got["pathprobe_budget_save_failures_total", frozenset()] == 0
         finally:

@@ -6,8 +6,8 @@ import pytest
 
 from pathprobe.capacity import Review, Row, format_duration, text_report
 from pathprobe.config import Peer
+from pathprobe.html_report import html_report
 from pathprobe.limits import expected
-from pathprobe.report import html_report
 
 OSAKA = Peer.model_validate(
     {
@@ -24,8 +24,7 @@ DEFAULT_RMEM = 6291456
 def review(rows: dict[int, float], rmem: int = DEFAULT_RMEM) -> Review:
     # The source article's kernel 6.1: half a buffer in flight; its tcp_wmem max was 4 MiB
     # but, sending from a tuned or idle host, the article's table is receive-bound.
-    r = Review("osaka", "tcp", "send", [Row(n, g * 1e9) for n, g in rows.items()], 0.008, rmem, None, 0.5, 40e12,
-               0.02)  # fmt: skip
+    r = Review("osaka", "tcp", "send", [Row(n, g * 1e9) for n, g in rows.items()], 0.008, rmem, None, 0.5, 40e12, 0.02)
     for row in r.rows:
         row.expected = expected(OSAKA, "c6gn.12xlarge", "tcp", row.streams, rmem, 0.008, share=0.5)
     return r
@@ -106,8 +105,15 @@ def test_failed_rows_are_kept_and_json_has_everything() -> None:
 def test_a_burst_rate_is_planned_at_the_baseline() -> None:
     # c6gn.medium at both ends in one region: 1.6 Gbps baseline, 16 Gbps peak (DescribeInstanceTypes).
     # A 6-second test runs on network I/O credits; a 40 TB transfer spends them.
-    near = Peer.model_validate({"name": "b", "address": "198.18.2.2", "region": "r", "path_class": "intra_region",
-                                "instance_type": "c6gn.medium"})  # fmt: skip
+    near = Peer.model_validate(
+        {
+            "name": "b",
+            "address": "198.18.2.2",
+            "region": "r",
+            "path_class": "intra_region",
+            "instance_type": "c6gn.medium",
+        }
+    )
     r = Review("b", "tcp", "send", [Row(4, 11.7e9)], 0.0005, DEFAULT_RMEM, None, 0.78, 40e12, 0.0)
     r.rows[0].expected = expected(near, "c6gn.medium", "tcp", 4, DEFAULT_RMEM, 0.0005, share=0.78)
     assert r.rows[0].expected.limit == "instance" and r.rows[0].expected.bits_per_second == 1.6e9
@@ -140,3 +146,15 @@ def test_an_allowance_that_rose_names_the_instance_not_the_path() -> None:
         "bw_out_allowance_exceeded rose by 812 during the test"
     )
     assert r.to_json()["rows"][0]["allowance_exceeded"] == {"bw_out_allowance_exceeded": 812}
+
+
+def test_a_test_bound_by_its_own_ends_names_the_host_not_the_path() -> None:
+    r = review({1: 2.95, 32: 11.2})
+    r.rows[1].ends_bound, r.rows[1].remedy = "receiver_cpu", "one_thread"
+    said = r.diagnose(r.rows[1])
+    assert said is not None and "bound by the receiving host's CPU, not the path" in said, said
+    assert "iperf3 3.16 or later, or more iperf3 processes" in said
+    assert "receiver_cpu" in text_report(r)
+    # A test whose ends both had headroom is judged against the limits as before.
+    r.rows[1].ends_bound = "none"
+    assert "not the path" not in (r.diagnose(r.rows[1]) or "")

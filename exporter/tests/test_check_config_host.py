@@ -17,10 +17,12 @@ from pathprobe.responders import held_ports
 
 
 def config(**probes: object) -> Config:
-    peers = [{"name": f"p{i}", "address": f"198.18.{i}.2", "region": "r", "path_class": "inter_region"}
-             for i in range(2, 12)]  # fmt: skip
-    return Config.model_validate({"host": {"name": "a", "address": "198.18.1.2", "region": "r"}, "peers": peers,
-                                  "probes": probes})  # fmt: skip
+    peers = [
+        {"name": f"p{i}", "address": f"198.18.{i}.2", "region": "r", "path_class": "inter_region"} for i in range(2, 12)
+    ]
+    return Config.model_validate(
+        {"host": {"name": "a", "address": "198.18.1.2", "region": "r"}, "peers": peers, "probes": probes}
+    )
 
 
 def test_mtu_sizes_above_every_interface_and_flows_beyond_the_port_range(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,11 +63,13 @@ def test_free_ports_names_the_field_of_each_port_another_program_holds(tmp_path:
         free.bind(("127.0.0.1", 0))
         free_port = free.getsockname()[1]
         free.close()
-        cfg = config().model_copy(update={
-            "responders": Responders(listen="127.0.0.1", rr_port=free_port, echo_port=echo.getsockname()[1]),
-            "iperf3": Iperf3Settings(port=free_port),
-            "web": WebSettings(listen=f"127.0.0.1:{web.getsockname()[1]}"),
-        })  # fmt: skip
+        cfg = config().model_copy(
+            update={
+                "responders": Responders(listen="127.0.0.1", rr_port=free_port, echo_port=echo.getsockname()[1]),
+                "iperf3": Iperf3Settings(port=free_port),
+                "web": WebSettings(listen=f"127.0.0.1:{web.getsockname()[1]}"),
+            }
+        )
         in_use = "is not free on this host: Address already in use"
         assert held_ports(cfg) == [
             f"responders.echo_port: 127.0.0.1:{echo.getsockname()[1]}/udp {in_use}",
@@ -74,8 +78,13 @@ def test_free_ports_names_the_field_of_each_port_another_program_holds(tmp_path:
         # The command: exit 2, one line per port, the file named.
         path = tmp_path / "pathprobe.yaml"
         path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_defaults=True)))
-        proc = subprocess.run([sys.executable, "-m", "pathprobe", "check-config", "--free-ports", str(path)],
-                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "pathprobe", "check-config", "--free-ports", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert proc.returncode == 2 and proc.stderr.count(f"{path}: ") == 2, proc.stderr
     assert held_ports(cfg) == []  # released
 
@@ -110,8 +119,13 @@ def test_check_config_warns_of_an_epoch_ten_years_ahead_and_not_of_one_hours_ahe
         body = config().model_dump(mode="json", exclude_defaults=True)
         body["mesh"] = {"epoch": datetime.fromtimestamp(time.time() + ahead, UTC).isoformat()}
         path.write_text(yaml.safe_dump(body))
-        proc = subprocess.run([sys.executable, "-m", "pathprobe", "check-config", str(path)],
-                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "pathprobe", "check-config", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert proc.returncode == 0 and f"{path}: ok" in proc.stdout, proc.stdout + proc.stderr
         assert "Traceback" not in proc.stderr, proc.stderr
         if warned:

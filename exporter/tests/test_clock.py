@@ -16,8 +16,10 @@ from pathprobe.config import ClockSettings
 
 # `chronyc -c tracking` (chrony 4.3): reference, stratum, ref time, system time offset, last and RMS
 # offset, frequency, residual, skew, root delay, root dispersion, update interval, leap status.
-TRACKING = ("A9FEA97B,169.254.169.123,4,1764090000.123456789,-0.000012345,-0.000001234,0.000023456,"
-            "-1.234,-0.001,0.012,0.000300000,0.000456789,64.5,Normal\n")  # fmt: skip
+TRACKING = (
+    "A9FEA97B,169.254.169.123,4,1764090000.123456789,-0.000012345,-0.000001234,0.000023456,"
+    "-1.234,-0.001,0.012,0.000300000,0.000456789,64.5,Normal\n"
+)
 
 
 def test_chrony_tracking_gives_offset_plus_dispersion_plus_half_the_delay() -> None:
@@ -29,8 +31,9 @@ def test_chrony_tracking_gives_offset_plus_dispersion_plus_half_the_delay() -> N
 BOUND_NS, DRIFT_PPB = 50_000, 15_000
 
 
-def segment(*, version: int = 2, generation: int = 4, as_of: float = 100.0, void_after: float = 200.0,
-            status: int = 1) -> bytes:  # fmt: skip
+def segment(
+    *, version: int = 2, generation: int = 4, as_of: float = 100.0, void_after: float = 200.0, status: int = 1
+) -> bytes:
     """A ClockBound segment as docs/PROTOCOL.md lays it out (native byte order)."""
 
     def timespec(t: float) -> tuple[int, int]:

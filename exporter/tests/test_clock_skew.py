@@ -33,8 +33,13 @@ SKEW = 2.5
 # wrapper makes the exporter and every child share one semaphore, which the library takes around
 # file stats (NO_FAKE_STAT: none here), so one killed child could stall the whole tree; and it
 # leaves that semaphore and its shared memory in /dev/shm when its group is stopped by a signal.
-AHEAD = ("env", "LD_PRELOAD=/usr/$LIB/faketime/libfaketime.so.1", f"FAKETIME=+{SKEW:g}s",
-         "FAKETIME_DONT_FAKE_MONOTONIC=1", "NO_FAKE_STAT=1")  # fmt: skip
+AHEAD = (
+    "env",
+    "LD_PRELOAD=/usr/$LIB/faketime/libfaketime.so.1",
+    f"FAKETIME=+{SKEW:g}s",
+    "FAKETIME_DONT_FAKE_MONOTONIC=1",
+    "NO_FAKE_STAT=1",
+)
 # A test's span in the client's log (its own clock): "throughput test -> PEER SPEC: from T0 to T1 (ran)".
 RAN = re.compile(r"throughput test -> (\S+) \S+: from ([0-9.]+) to ([0-9.]+) \(ran\)")
 
@@ -50,9 +55,11 @@ def test_a_host_whose_clock_is_ahead_is_refused_as_out_of_turn_and_never_overlap
     skews = [SKEW, 0.0, 0.0]
     logs = [tmp_path / f"{h['name']}.log" for h in hosts]
     runs, requests = "pathprobe_probe_runs_total", "pathprobe_responder_requests_total"
-    with (exporter(config(tmp_path, hosts[0], hosts[1:], webs[0], SLOT), logs[0], AHEAD),
-          exporter(config(tmp_path, hosts[1], [hosts[0], hosts[2]], webs[1], SLOT), logs[1]),
-          exporter(config(tmp_path, hosts[2], hosts[:2], webs[2], SLOT), logs[2])):  # fmt: skip
+    with (
+        exporter(config(tmp_path, hosts[0], hosts[1:], webs[0], SLOT), logs[0], AHEAD),
+        exporter(config(tmp_path, hosts[1], [hosts[0], hosts[2]], webs[1], SLOT), logs[1]),
+        exporter(config(tmp_path, hosts[2], hosts[:2], webs[2], SLOT), logs[2]),
+    ):
 
         def refused_twice(got: Samples) -> bool:
             return count(got, runs, probe="throughput", result="out_of_turn") >= 2
@@ -60,9 +67,15 @@ def test_a_host_whose_clock_is_ahead_is_refused_as_out_of_turn_and_never_overlap
         turns = (runs, "pathprobe_throughput_skipped_total", "pathprobe_schedule_turns_total")
         skewed = wait_for(webs[0], "h0 refused as out of turn twice", refused_twice, seconds=8 * SLOT, show=turns)
         assert count(skewed, runs, probe="throughput", result="error") == 0
-        peers = [wait_for(w, "a throughput test of the unskewed pair ran",
-                          lambda g: count(g, runs, probe="throughput", result="ok") > 0, seconds=3 * SLOT)
-                 for w in webs[1:]]  # fmt: skip
+        peers = [
+            wait_for(
+                w,
+                "a throughput test of the unskewed pair ran",
+                lambda g: count(g, runs, probe="throughput", result="ok") > 0,
+                seconds=3 * SLOT,
+            )
+            for w in webs[1:]
+        ]
         # Each host's view of its peers' clocks, from the echoes (the peer's clock minus its own).
         offset = "pathprobe_clock_offset_seconds"
         assert count(peers[0], offset, peer="h0") == pytest.approx(SKEW, abs=0.05)
@@ -75,6 +88,15 @@ def test_a_host_whose_clock_is_ahead_is_refused_as_out_of_turn_and_never_overlap
         assert count(peers[0], trusted, peer="h2") == 1, [k[1] for k in peers[0] if "untrusted" in k[0]]
         for direction in ("forward", "reverse"):
             assert 0 < count(peers[0], delay, peer="h2", direction=direction, state="idle", quantile="0.5") < 0.005
+        # libfaketime moves h0's clock reads, not its kernel's packet stamps: h0's responders stamp a
+        # request's arrival with the kernel's (true) clock and their answer with the process's (SKEW
+        # ahead), so every hold they report is SKEW too long, beyond the round trip. Its peers take no
+        # RTT and no one-way delay from those answers (counted), only the clock offset above and how far
+        # apart the clocks are, which the hold is not in. (On a host whose clock is really off, both are
+        # off alike.)
+        for probe in ("rtt", "loss"):
+            assert count(peers[0], "pathprobe_probe_answers_rejected_total", probe=probe, peer="h0",
+                         reason="hold_beyond_rtt") > 0  # fmt: skip
         assert count(peers[0], trusted, peer="h0") == 0
         assert count(peers[0], "pathprobe_owd_untrusted_info", peer="h0", reason="clocks_disagree") == 1
         assert count(peers[0], delay + "_count", peer="h0") == 0
@@ -83,9 +105,13 @@ def test_a_host_whose_clock_is_ahead_is_refused_as_out_of_turn_and_never_overlap
         # its peers; h1 and h2 agree with each other, so neither is named.
         rules_file = tmp_path / "rules.yml"
         rules_file.write_text(rules.dump(Params(clock_offset_for="2s", evaluation_interval="1s")))
-        scrape = {"job_name": "pathprobe", "static_configs": [
-            {"targets": [f"127.0.0.1:{w}"], "labels": {"host": h["name"], "region": h["region"]}}
-            for h, w in zip(hosts, webs, strict=True)]}  # fmt: skip
+        scrape = {
+            "job_name": "pathprobe",
+            "static_configs": [
+                {"targets": [f"127.0.0.1:{w}"], "labels": {"host": h["name"], "region": h["region"]}}
+                for h, w in zip(hosts, webs, strict=True)
+            ],
+        }
         with prometheus(tmp_path, [scrape], (rules_file,)) as url:
 
             def named() -> list[str]:

@@ -12,29 +12,35 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from virtual_time import VirtualTime
 
-from pathprobe import metrics, turns
+from pathprobe import turns
 from pathprobe.config import Config
-from pathprobe.config import TestSpec as Spec
-from pathprobe.expected import RttWindow
 from pathprobe.exporter import Exporter, schedule_of
+from pathprobe.keys import TestKey
 from pathprobe.metrics import registry
 from pathprobe.metrics.owd import OwdKey
+from pathprobe.metrics.throughput import TestRecorder
+from pathprobe.probe_settings import TestSpec as Spec
 from pathprobe.probes import Reason, Target, ThroughputResult, ThroughputTest
-from pathprobe.probes.base import OneWay, Pacer
+from pathprobe.probes.echo import OneWay
+from pathprobe.probes.pacer import Pacer
 from pathprobe.probes.report import Summary
 
 
 def config(tmp_path: Path, **extra: object) -> Config:
-    return Config.model_validate({
-        "host": {"name": "a", "address": "198.18.1.2", "region": "r1"},
-        "peers": [
-            {"name": "b", "address": "198.18.2.2", "region": "r2", "path_class": "inter_region"},
-            {"name": "c", "address": "198.18.3.2", "region": "r1", "path_class": "intra_region"},
-        ],
-        "budget": {"state_file": str(tmp_path / "budget.json")},
-        "tcp_rmem_max_bytes": 6291456, "tcp_wmem_max_bytes": 4194304, "tcp_window_share": 0.5,
-        **extra,
-    })  # fmt: skip
+    return Config.model_validate(
+        {
+            "host": {"name": "a", "address": "198.18.1.2", "region": "r1"},
+            "peers": [
+                {"name": "b", "address": "198.18.2.2", "region": "r2", "path_class": "inter_region"},
+                {"name": "c", "address": "198.18.3.2", "region": "r1", "path_class": "intra_region"},
+            ],
+            "budget": {"state_file": str(tmp_path / "budget.json")},
+            "tcp_rmem_max_bytes": 6291456,
+            "tcp_wmem_max_bytes": 4194304,
+            "tcp_window_share": 0.5,
+            **extra,
+        }
+    )
 
 
 def samples(exporter: Exporter) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -53,8 +59,36 @@ def value(got: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, 
 
 
 def result(rtt: float | None = None) -> ThroughputResult:
-    return ThroughputResult("tcp", 1, "send", 5, 1, None, None, 50e6, 51e6, 250 * 10**6, retransmits=7,
-                            sender_rtt_seconds=rtt, timestamp=1000.0)  # fmt: skip
+    return ThroughputResult(
+        "tcp",
+        1,
+        "send",
+        5,
+        1,
+        None,
+        None,
+        50e6,
+        51e6,
+        250 * 10**6,
+        retransmits=7,
+        sender_rtt_seconds=rtt,
+        timestamp=1000.0,
+    )
+
+
+def test_a_kind_turned_off_has_no_outcome_series_until_it_runs(tmp_path: Path) -> None:
+    cfg = config(tmp_path, probes={"mtu": {"enabled": False}, "throughput": {"enabled": False}})
+    e = Exporter(cfg)
+    got = samples(e)
+    probes = {dict(ls)["probe"] for n, ls in got if n == "pathprobe_probe_runs_total"}
+    assert probes == {"rtt", "loss"}  # the enabled kinds, every outcome from zero
+    assert value(got, "pathprobe_probe_runs_total", probe="loss", peer="b", result="timeout") == 0
+    e.rooms.outcomes.failure("mtu", "b", "timeout")  # e.g. a run that ended as a reload turned it off
+    got = samples(e)
+    assert value(got, "pathprobe_probe_runs_total", probe="mtu", peer="b", result="timeout") == 1
+    assert not [
+        ls for n, ls in got if n == "pathprobe_probe_runs_total" and ("result", "ok") in ls and ("probe", "mtu") in ls
+    ]
 
 
 def test_every_outcome_starts_at_zero_and_no_created_series(tmp_path: Path) -> None:
@@ -70,11 +104,11 @@ def test_every_outcome_starts_at_zero_and_no_created_series(tmp_path: Path) -> N
 
 def test_probe_outcomes_reach_metrics_with_the_injected_clock(tmp_path: Path) -> None:
     e = Exporter(config(tmp_path), clock=lambda: 1234.5)
-    rtt = e.rooms.rtt_sink("b", 1, RttWindow())
+    rtt = e.recorder("rtt", "b")
     for seconds in (0.0071, 0.0072, 0.009):
         rtt.rtt(seconds)
     rtt.failure("refused")
-    echo = e.rooms.echo_sink("c")
+    echo = e.recorder("loss", "c")
     echo.sent(64)
     echo.received(0.0004)
     echo.lost(0.0)
@@ -89,11 +123,11 @@ def test_probe_outcomes_reach_metrics_with_the_injected_clock(tmp_path: Path) ->
     assert value(got, "pathprobe_rtt_seconds_sum", peer="b", protocol="tcp") == 0.0071 + 0.0072 + 0.009
     assert value(got, "pathprobe_probe_runs_total", probe="rtt", peer="b", result="refused") == 1
     assert value(got, "pathprobe_probe_last_success_timestamp_seconds", probe="rtt", peer="b") == 1234.5
-    assert value(got, "pathprobe_probe_bytes_sent_total", probe="rtt", peer="b") == 3
+    assert value(got, "pathprobe_probe_bytes_sent_total", probe="rtt", peer="b") == 3 * e.cfg.probes.rtt.size_bytes
     assert value(got, "pathprobe_udp_packets_lost_total", peer="c", state="idle") == 1
     assert value(got, "pathprobe_probe_runs_total", probe="loss", peer="c", result="timeout") == 1
     # While a throughput test of this host or the peer may run, loss is counted apart.
-    e.load_state = lambda peer, now: "loaded"
+    e.load.of = lambda peer, now: "loaded"
     echo.sent(64)
     echo.lost(0.0)
     got = samples(e)
@@ -106,9 +140,9 @@ def test_a_followed_up_sample_counts_as_idle_or_loaded_by_when_it_was_taken(tmp_
     """A two-step responder's follow-up comes with the next answer (seconds later): the sample it
     completes is recorded then, under the time it was taken, before a test that started since."""
     e = Exporter(config(tmp_path), clock=lambda: 1000.0)
-    e.load_state = lambda peer, now: "loaded" if now >= 995.0 else "idle"  # a test from 995 on
-    e.rooms.rtt_sink("b", 8, RttWindow()).rtt(0.007, age=8.0)
-    echo = e.rooms.echo_sink("c")
+    e.load.of = lambda peer, now: "loaded" if now >= 995.0 else "idle"  # a test from 995 on
+    e.recorder("rtt", "b").rtt(0.007, age=8.0)
+    echo = e.recorder("loss", "c")
     echo.received(0.0004, age=8.0, one_way=OneWay(0.0002, 0.0002, None, 0.0))
     echo.received(0.0005, one_way=OneWay(0.0002, 0.0003, None, 0.0))
     got = samples(e)
@@ -124,8 +158,8 @@ def test_loaded_packets_of_a_peer_without_tests_are_exported(tmp_path: Path) -> 
     cfg = config(tmp_path).model_dump(mode="json")
     cfg["peers"][1]["throughput"] = {"enabled": False}
     e = Exporter(Config.model_validate(cfg))
-    e.load_state = lambda peer, now: "loaded"
-    echo = e.rooms.echo_sink("c")
+    e.load.of = lambda peer, now: "loaded"
+    echo = e.recorder("loss", "c")
     echo.sent(64)
     echo.received(0.0004)
     got = samples(e)
@@ -138,13 +172,15 @@ def test_a_result_is_rated_with_an_rtt_from_its_own_time(tmp_path: Path) -> None
     e = Exporter(config(tmp_path))
     peer = e.cfg.peers[0]
     e.tracker.rate(peer, ("tcp", "1", "send"), result(rtt=0.074))  # no RTT window yet: the test's RTT
-    e.rooms.throughput.record(metrics.TestKey("b", "tcp", "1", "send"), result(rtt=0.074))
+    e.rooms.throughput.record(TestKey("b", "tcp", "1", "send"), result(rtt=0.074))
     got = samples(e)
     expected = value(got, "pathprobe_throughput_expected_bytes_per_second", peer="b", streams="1")
     # The send buffer (4 MiB x 0.5 / 74 ms) binds, not the 5 Gbps per-flow limit.
     assert expected == 4194304 * 0.5 / 0.074
-    assert value(got, "pathprobe_throughput_expected_bytes_per_second", peer="b", streams="1",
-                 limit="send_buffer") == expected  # fmt: skip
+    assert (
+        value(got, "pathprobe_throughput_expected_bytes_per_second", peer="b", streams="1", limit="send_buffer")
+        == expected
+    )
     assert value(got, "pathprobe_throughput_bytes_per_second", peer="b", streams="1") == 50e6
     assert value(got, "pathprobe_probe_bytes_sent_total", probe="throughput", peer="b") == 300 * 10**6
 
@@ -153,7 +189,7 @@ def test_the_rate_of_the_test_before_the_last_shows_from_the_second_result_and_g
     tmp_path: Path,
 ) -> None:
     e = Exporter(config(tmp_path))
-    throughput, key = e.rooms.throughput, metrics.TestKey("b", "tcp", "1", "send")
+    throughput, key = e.rooms.throughput, TestKey("b", "tcp", "1", "send")
     throughput.record(key, result())
     assert not [n for n, _ in samples(e) if n == "pathprobe_throughput_previous_bytes_per_second"]
     throughput.record(key, dataclasses.replace(result(), receiver_bytes_per_second=20e6))
@@ -167,8 +203,9 @@ def test_the_rate_of_the_test_before_the_last_shows_from_the_second_result_and_g
 
 
 class StandInRun:
-    def __init__(self, outcome: Callable[[ThroughputTest], ThroughputResult | Reason], test: ThroughputTest,
-                 sink: turns.TestSink):  # fmt: skip
+    def __init__(
+        self, outcome: Callable[[ThroughputTest], ThroughputResult | Reason], test: ThroughputTest, sink: TestRecorder
+    ):
         self.outcome, self.test, self.sink = outcome, test, sink
 
     async def run(self) -> ThroughputResult | Reason:
@@ -187,7 +224,7 @@ class StandIn:
     def __init__(self, outcome: Callable[[ThroughputTest], ThroughputResult | Reason]):
         self.outcome = outcome
 
-    def __call__(self, target: Target, test: ThroughputTest, sink: turns.TestSink) -> StandInRun:
+    def __call__(self, target: Target, test: ThroughputTest, sink: TestRecorder) -> StandInRun:
         return StandInRun(self.outcome, test, sink)
 
 
@@ -235,8 +272,11 @@ def test_the_throughput_loop_survives_unexpected_errors(tmp_path: Path) -> None:
 def test_a_stepped_clock_costs_at_most_a_few_seconds_of_turns(tmp_path: Path, step: float) -> None:
     # NTP steps the wall clock; the schedule follows it. Back an hour: turns go on from the new
     # time (not after an hour's wait); back 1.5 s: the turn just taken is not taken again.
-    cfg = config(tmp_path, schedule={"slot_seconds": 4, "jitter_seconds": 0, "timeout_margin_seconds": 1},
-                 probes={"throughput": {"streams": [1], "duration_seconds": 0.2, "omit_seconds": 0}})  # fmt: skip
+    cfg = config(
+        tmp_path,
+        schedule={"slot_seconds": 4, "jitter_seconds": 0, "timeout_margin_seconds": 1},
+        probes={"throughput": {"streams": [1], "duration_seconds": 0.2, "omit_seconds": 0}},
+    )
     virtual, offset = VirtualTime(), [0.0]
     e = Exporter(cfg, clock=lambda: virtual.time() + offset[0], sleep=virtual.sleep)
     slots: list[int] = []
@@ -266,8 +306,11 @@ def test_a_clock_stepped_during_a_wait_for_a_turn_is_read_at_the_next_check(tmp_
     # schedule goes on from the new time; a wait for the old time would last an hour more.
     # Forward an hour: the wait ends at its next read too, and no test runs outside a turn of a's.
     slot = 60
-    cfg = config(tmp_path, schedule={"slot_seconds": slot, "jitter_seconds": 0, "timeout_margin_seconds": 1},
-                 probes={"throughput": {"streams": [1], "duration_seconds": 0.2, "omit_seconds": 0}})  # fmt: skip
+    cfg = config(
+        tmp_path,
+        schedule={"slot_seconds": slot, "jitter_seconds": 0, "timeout_margin_seconds": 1},
+        probes={"throughput": {"streams": [1], "duration_seconds": 0.2, "omit_seconds": 0}},
+    )
     virtual, offset = VirtualTime(), [0.0]
 
     async def stepping_sleep(seconds: float) -> None:
@@ -298,8 +341,8 @@ def test_a_clock_stepped_during_a_wait_for_a_turn_is_read_at_the_next_check(tmp_
 def test_quantiles_cover_a_sliding_window_and_keep_loaded_samples_apart(tmp_path: Path) -> None:
     now = [10_000.0]
     e = Exporter(config(tmp_path), clock=lambda: now[0])
-    e.load_state = lambda peer, t: "loaded" if 10_100 <= t < 10_110 else "idle"
-    sink = e.rooms.rtt_sink("b", 1, RttWindow())
+    e.load.of = lambda peer, t: "loaded" if 10_100 <= t < 10_110 else "idle"
+    sink = e.recorder("rtt", "b")
     for i in range(100):  # 100 s of 74-75 ms, then 10 s of 300 ms behind a test's queue
         now[0] = 10_000 + i
         sink.rtt(0.074 + i * 1e-5)
@@ -322,8 +365,8 @@ def test_quantiles_cover_a_sliding_window_and_keep_loaded_samples_apart(tmp_path
 def test_the_quantile_window_is_a_setting_and_a_reload_that_changes_it_starts_it_over(tmp_path: Path) -> None:
     now = [10_000.0]
     e = Exporter(config(tmp_path, probes={"rtt": {"quantile_window_seconds": 60}}), clock=lambda: now[0])
-    e.load_state = lambda peer, t: "idle"
-    sink = e.rooms.rtt_sink("b", 1, RttWindow())
+    e.load.of = lambda peer, t: "idle"
+    sink = e.recorder("rtt", "b")
 
     def idle_p50() -> float | None:
         got = samples(e)
@@ -340,7 +383,7 @@ def test_the_quantile_window_is_a_setting_and_a_reload_that_changes_it_starts_it
     assert "over the last 60 s" in generate_latest(registry(e.rooms)).decode()
     e.reload(config(tmp_path, probes={"rtt": {"quantile_window_seconds": 300}}))
     assert idle_p50() is None  # samples of the old window are not passed off as the new one's
-    sink = e.rooms.rtt_sink("b", 1, RttWindow())
+    sink = e.recorder("rtt", "b")
     sink.rtt(0.020)
     assert idle_p50() == pytest.approx(0.020, rel=0.003)
     assert value(samples(e), "pathprobe_rtt_seconds_count", peer="b", state="idle") == 121
@@ -371,8 +414,11 @@ def test_iperf3_admits_a_peer_in_its_turn_and_counts_every_outcome(tmp_path: Pat
     assert e.iperf3_admission("198.18.2.2") == ("ok" if admit == "peers" else "out_of_turn")
     got = samples(e)
     assert value(got, "pathprobe_iperf3_admission_info", admit=admit) == 1
-    requests = {dict(ls)["result"]: v for (n, ls), v in got.items()
-                if n == "pathprobe_responder_requests_total" and dict(ls)["responder"] == "iperf3"}  # fmt: skip
+    requests = {
+        dict(ls)["result"]: v
+        for (n, ls), v in got.items()
+        if n == "pathprobe_responder_requests_total" and dict(ls)["responder"] == "iperf3"
+    }
     assert requests == ({} if admit == "anyone" else {"ok": 0, "not_allowed": 0, "out_of_turn": 0})
 
 
@@ -387,18 +433,21 @@ def test_rtt_samples_are_loaded_while_a_test_may_run_and_idle_after(tmp_path: Pa
     while e.schedule.partner("a", slot // 30) is None:
         slot += 30
     # The half's tests run 1 s of jitter + 2 x (1 + 3) s: loaded for 9 s, then idle.
-    assert e.load_state("b", slot + 5) == "loaded"
-    assert e.load_state("b", slot + 15 + 5) == "loaded"  # the other half: the partner's turn
+    assert e.load.of("b", slot + 5) == "loaded"
+    assert e.load.of("b", slot + 15 + 5) == "loaded"  # the other half: the partner's turn
     partner = e.schedule.partner("a", slot // 30)
     other = ({"b", "c"} - {partner}).pop()  # sits out this slot: only a's own turns make it loaded
-    assert e.load_state(other, slot + 12) == "idle"
+    assert e.load.of(other, slot + 12) == "idle"
 
 
 def test_an_own_test_that_runs_past_the_window_keeps_samples_loaded(tmp_path: Path) -> None:
-    from pathprobe.turns import DRAIN_SECONDS
+    from pathprobe.load import DRAIN_SECONDS
 
-    cfg = config(tmp_path, schedule={"slot_seconds": 30, "jitter_seconds": 1, "timeout_margin_seconds": 3},
-                 probes={"throughput": {"streams": [1], "duration_seconds": 3, "omit_seconds": 1}})  # fmt: skip
+    cfg = config(
+        tmp_path,
+        schedule={"slot_seconds": 30, "jitter_seconds": 1, "timeout_margin_seconds": 3},
+        probes={"throughput": {"streams": [1], "duration_seconds": 3, "omit_seconds": 1}},
+    )
     now = [0.0]
     e = Exporter(cfg, clock=lambda: now[0])
     slot = 30 * 1000
@@ -406,11 +455,11 @@ def test_an_own_test_that_runs_past_the_window_keeps_samples_loaded(tmp_path: Pa
         slot += 30
     other = ({"b", "c"} - {e.schedule.partner("a", slot // 30)}).pop()
     late = slot + 8.0  # a retried test starts 3 s after the 5 s window (1 s jitter + 1 + 3 s)
-    assert e.load_state(other, late + 1) == "idle"  # by the schedule alone
+    assert e.load.of(other, late + 1) == "idle"  # by the schedule alone
 
     def slow(test: ThroughputTest) -> ThroughputResult:
         assert now[0] == late
-        assert e.load_state(other, late + 1) == "loaded"  # while it runs
+        assert e.load.of(other, late + 1) == "loaded"  # while it runs
         now[0] = late + 4
         return result()
 
@@ -418,9 +467,9 @@ def test_an_own_test_that_runs_past_the_window_keeps_samples_loaded(tmp_path: Pa
     peer = next(p for p in cfg.peers if p.name == "b")
     now[0] = late
     asyncio.run(e.turns.run_turn(peer, cfg.throughput_for(peer), deadline=slot + 15))
-    assert e.load_state(other, late + 1) == "loaded"  # looking back: it ran then
-    assert e.load_state(other, late + 4 + DRAIN_SECONDS / 2) == "loaded"  # its queue drains
-    assert e.load_state(other, late + 4 + DRAIN_SECONDS + 0.1) == "idle"
+    assert e.load.of(other, late + 1) == "loaded"  # looking back: it ran then
+    assert e.load.of(other, late + 4 + DRAIN_SECONDS / 2) == "loaded"  # its queue drains
+    assert e.load.of(other, late + 4 + DRAIN_SECONDS + 0.1) == "idle"
 
 
 @pytest.mark.parametrize("center", [0.0001, 0.0005, 0.008, 0.074, 0.150, 0.300])
@@ -506,8 +555,13 @@ def test_allowance_counters_that_rise_during_a_test_name_the_instance(
     peer = e.cfg.peers[0]
     asyncio.run(e.turns.run_turn(peer, e.cfg.throughput_for(peer), deadline=e.turns.clock() + 600))
     got = samples(e)
-    rose = value(got, "pathprobe_throughput_allowance_exceeded_during_last_test", peer="b", streams="1",
-                 counter="bw_out_allowance_exceeded")  # fmt: skip
+    rose = value(
+        got,
+        "pathprobe_throughput_allowance_exceeded_during_last_test",
+        peer="b",
+        streams="1",
+        counter="bw_out_allowance_exceeded",
+    )
     assert rose == 500
     tests = len(e.cfg.throughput_for(peer).tests())
     total = value(got, "pathprobe_ena_allowance_exceeded_total", interface="eth0", counter="bw_out_allowance_exceeded")
@@ -517,8 +571,8 @@ def test_allowance_counters_that_rise_during_a_test_name_the_instance(
 def test_a_lost_packet_counts_in_the_state_it_was_sent_in(tmp_path: Path) -> None:
     now = [112.0]
     e = Exporter(config(tmp_path), clock=lambda: now[0])
-    e.load_state = lambda peer, t: "loaded" if 100 <= t < 110 else "idle"
-    echo = e.rooms.echo_sink("c")
+    e.load.of = lambda peer, t: "loaded" if 100 <= t < 110 else "idle"
+    echo = e.recorder("loss", "c")
     echo.lost(7.0)  # sent at 105, under a test; its timeout ran out after the test
     got = samples(e)
     assert value(got, "pathprobe_udp_packets_lost_total", peer="c", state="loaded") == 1
@@ -530,8 +584,8 @@ def test_steady_state_results_and_probe_cost_reach_metrics(tmp_path: Path) -> No
     e = Exporter(cfg)
     steady = result()
     steady.duration_seconds, steady.omit_seconds, steady.converged = 1.7, 0, True
-    e.rooms.throughput.record(metrics.TestKey("b", "tcp", "1", "send"), steady)
-    e.rooms.throughput.record(metrics.TestKey("c", "tcp", "1", "send"), result())  # fixed length: no converged series
+    e.rooms.throughput.record(TestKey("b", "tcp", "1", "send"), steady)
+    e.rooms.throughput.record(TestKey("c", "tcp", "1", "send"), result())  # fixed length: no converged series
     got = samples(e)
     assert value(got, "pathprobe_throughput_converged", peer="b", streams="1") == 1
     assert not [k for k in got if k[0] == "pathprobe_throughput_converged" and ("peer", "c") in k[1]]
@@ -614,7 +668,7 @@ def test_compact_peers_export_what_the_rules_read_and_fewer_series(tmp_path: Pat
     assert cfg.compact_peers == {p.name for p in cfg.peers if p.region != "r0"}
     for name in (remote, local):
         for state in ("idle", "loaded"):
-            ex.load_state = lambda peer, now, state=state: state
+            ex.load.of = lambda peer, now, state=state: state
             for protocol in ("tcp", "udp"):
                 for ms in range(1, 50):
                     ex.rooms.rtt.observe(name, protocol, ms / 1000)
@@ -641,13 +695,13 @@ def test_what_arrives_for_a_peer_a_reload_removed_is_dropped_at_the_door(tmp_pat
     # counters and every continuous probe's outcome still arrive, and none may reach /metrics.
     e = Exporter(config(tmp_path))
     b = e.cfg.peers[0]
-    rtt, echo, mtu = e.rooms.rtt_sink("b", 1, RttWindow()), e.rooms.echo_sink("b"), e.rooms.mtu_sink("b")
+    rtt, echo, mtu = e.recorder("rtt", "b"), e.recorder("loss", "b"), e.recorder("mtu", "b")
     rtt.rtt(0.01)
     planned = e.tracker  # the tracker of the turn under way
     cfg = config(tmp_path).model_dump(mode="json")
     cfg["peers"] = cfg["peers"][1:]
     e.reload(Config.model_validate(cfg))
-    key = metrics.TestKey("b", "tcp", "1", "send")
+    key = TestKey("b", "tcp", "1", "send")
     e.rooms.throughput.record(key, result())
     planned.rate(b, key.spec, result())
     e.rooms.throughput.allowances_rose(key, {"bw_out_allowance_exceeded": 1})
@@ -674,8 +728,10 @@ def test_a_reload_that_leaves_fewer_than_half_the_peers_is_counted(
     peers[0] |= {"name": "d", "address": "198.18.4.2"}  # b replaced by d: a rollout, not counted
     e.reload(config(tmp_path, peers=peers))
     assert value(samples(e), name) == 0
-    more = [{"name": f"x{i}", "address": f"198.18.5.{i + 2}", "region": "r2", "path_class": "inter_region"}
-            for i in range(3)]  # fmt: skip
+    more = [
+        {"name": f"x{i}", "address": f"198.18.5.{i + 2}", "region": "r2", "path_class": "inter_region"}
+        for i in range(3)
+    ]
     e.reload(config(tmp_path, peers=[*peers, *more]))
     e.reload(config(tmp_path, peers=peers))  # 5 peers -> 2: a file cut short?
     assert value(samples(e), name) == 1
@@ -709,8 +765,12 @@ def test_readiness_says_why_until_the_responders_listen_and_iperf3_runs(tmp_path
     e.responders_listening = True
     problem = e.unready()
     assert problem is not None and problem.startswith("the iperf3 server is not running")
-    e.rooms.host.set_iperf3_up(True)
+    e.iperf3.set_up(True)  # as the responders report it
     assert e.unready() is None
-    info = {s.name: s.labels for f in text_string_to_metric_families(generate_latest(registry(e.rooms)).decode())
-            for s in f.samples if s.name == "pathprobe_build_info"}  # fmt: skip
+    info = {
+        s.name: s.labels
+        for f in text_string_to_metric_families(generate_latest(registry(e.rooms)).decode())
+        for s in f.samples
+        if s.name == "pathprobe_build_info"
+    }
     assert set(info["pathprobe_build_info"]) == {"version", "revision", "python_version"}

@@ -169,8 +169,10 @@ MERGE_CHAIN = "\n".join(
         ("".join(" " * i + "a:\n" for i in range(5000)).encode(), ":65: nested deeper than 64 levels"),
         (b"", "empty"),
         (b"# only a comment\n", "empty"),
-        (("a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + LAUGHS).encode(),
-         ":7: more than 1500000 values with aliases expanded"),
+        (
+            ("a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + LAUGHS).encode(),
+            ":7: more than 1500000 values with aliases expanded",
+        ),
         (b"host: *a\n", ":1: alias *a has no anchor before it"),
         (b"host: &a {name: *a}\n", ":1: alias *a inside its own anchor (a recursive structure)"),
         (b"a: {<<: [1, 2]}\n", ":1: YAML: a merge (<<) takes a mapping or a list of mappings"),
@@ -180,10 +182,27 @@ MERGE_CHAIN = "\n".join(
         ((MINIMAL + "zone: 2024-13-45\n").encode(), ":4: '2024-13-45' is not a valid timestamp"),
         ((MINIMAL + "limits_scale: " + "9" * 5000 + "\n").encode(), ":4: '99999"),
     ],
-    ids=["binary", "latin1", "utf16", "nul", "escape", "deep-flow", "deep-block", "empty", "comment-only",
-         "billion-laughs", "alias", "recursive-alias", "merge-of-a-list", "list-as-key", "python-tag",
-         "two-documents", "bad-date", "5000-digit-int"],
-)  # fmt: skip
+    ids=[
+        "binary",
+        "latin1",
+        "utf16",
+        "nul",
+        "escape",
+        "deep-flow",
+        "deep-block",
+        "empty",
+        "comment-only",
+        "billion-laughs",
+        "alias",
+        "recursive-alias",
+        "merge-of-a-list",
+        "list-as-key",
+        "python-tag",
+        "two-documents",
+        "bad-date",
+        "5000-digit-int",
+    ],
+)
 def test_unusable_yaml_is_a_config_error_naming_the_line(
     tmp_path: Path, content: bytes, expected: str, example_load: float
 ) -> None:
@@ -216,7 +235,7 @@ NOT_A_SIZE = ":4: budget.daily_bytes: size must be a number or a string like '50
         ("budget: {daily_bytes: '" + "9" * 20000 + "x'}", ":4: budget.daily_bytes: size: cannot read"),
         ("responders: {rr_max_connections_per_source: 4}", "is below probes.rtt.flows 8"),
     ],
-)  # fmt: skip
+)
 def test_bad_values_are_config_errors(tmp_path: Path, extra: str, expected: str, example_load: float) -> None:
     # Each of these once ended in a TypeError or OverflowError traceback, or was accepted.
     found = refused_in_time(write(tmp_path, MINIMAL + extra + "\n"), example_load)
@@ -341,8 +360,9 @@ def test_files_the_config_names_are_checked_on_request(tmp_path: Path) -> None:
 
 
 def test_the_former_tls_and_basic_auth_sections_name_their_replacement(tmp_path: Path) -> None:
-    path = write(tmp_path, MINIMAL + "web:\n  tls: {cert_file: c, key_file: k}\n"
-                 "  basic_auth: {username: u, password_file: p}\n")  # fmt: skip
+    path = write(
+        tmp_path, MINIMAL + "web:\n  tls: {cert_file: c, key_file: k}\n  basic_auth: {username: u, password_file: p}\n"
+    )
     with pytest.raises(ConfigError) as info:
         config.load(path)
     tls, auth = info.value.problems
@@ -394,8 +414,11 @@ def test_check_config_exits_2_without_a_traceback_on_unusable_files(tmp_path: Pa
     for path in paths:
         proc = subprocess.run(
             [sys.executable, "-m", "pathprobe", "check-config", str(path)],
-            capture_output=True, text=True, check=False, timeout=60,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
         assert proc.returncode == 2, (path, proc.stderr)
         assert "Traceback" not in proc.stderr and proc.stderr.startswith(str(path)), proc.stderr
 

@@ -30,12 +30,26 @@ VALID: dict[str, Any] = {
 
 # Paths of the valid config where a value may be replaced by anything.
 FIELDS = [
-    ("host",), ("host", "name"), ("host", "address"), ("peers",), ("peers", 0), ("peers", 0, "address"),
-    ("peers", 0, "name"), ("peers", 0, "throughput"), ("peers", 0, "limits"), ("peers", 0, "iperf3_port"),
-    ("probes", "throughput", "udp_bitrate"), ("probes", "throughput", "window_bytes"),
-    ("probes", "throughput", "streams"), ("schedule", "slot_seconds"), ("budget", "daily_bytes"),
-    ("budget", "state_file"), ("web", "listen"), ("web",), ("probes",),
-]  # fmt: skip
+    ("host",),
+    ("host", "name"),
+    ("host", "address"),
+    ("peers",),
+    ("peers", 0),
+    ("peers", 0, "address"),
+    ("peers", 0, "name"),
+    ("peers", 0, "throughput"),
+    ("peers", 0, "limits"),
+    ("peers", 0, "iperf3_port"),
+    ("probes", "throughput", "udp_bitrate"),
+    ("probes", "throughput", "window_bytes"),
+    ("probes", "throughput", "streams"),
+    ("schedule", "slot_seconds"),
+    ("budget", "daily_bytes"),
+    ("budget", "state_file"),
+    ("web", "listen"),
+    ("web",),
+    ("probes",),
+]
 
 scalars = st.one_of(
     st.none(),
@@ -69,10 +83,41 @@ def test_any_bytes(tmp_path: Path, data: bytes) -> None:
 
 
 yaml_fragments = st.sampled_from(
-    ["host:", " name: a", "  - ", "peers:", "[", "]", "{", "}", ": ", "&a ", "*a", "&b ", "*b", "<<: ", ", ",
-     "!!str ", "!!binary ", "---", "...", "? ", "'", '"', "\\x00", "\t", "\n", "#", "%YAML 1.1\n", "!x ",
-     "1e999", ".nan", "~", "\ufeff"]
-)  # fmt: skip
+    [
+        "host:",
+        " name: a",
+        "  - ",
+        "peers:",
+        "[",
+        "]",
+        "{",
+        "}",
+        ": ",
+        "&a ",
+        "*a",
+        "&b ",
+        "*b",
+        "<<: ",
+        ", ",
+        "!!str ",
+        "!!binary ",
+        "---",
+        "...",
+        "? ",
+        "'",
+        '"',
+        "\\x00",
+        "\t",
+        "\n",
+        "#",
+        "%YAML 1.1\n",
+        "!x ",
+        "1e999",
+        ".nan",
+        "~",
+        "\ufeff",
+    ]
+)
 
 
 @FUZZ

@@ -12,10 +12,9 @@ from hypothesis import strategies as st
 
 from pathprobe.allow import AllowList
 from pathprobe.clock import one_way_untrusted
-from pathprobe.config import LossSettings
+from pathprobe.probe_settings import EchoSettings
 from pathprobe.probes import EchoProber, Target
-from pathprobe.probes.base import OneWay
-from pathprobe.probes.echo import LeastDelayed
+from pathprobe.probes.echo import OffsetFilter, OneWay
 from pathprobe.probes.report import ReportSink, RttReport, describe_one_way
 from pathprobe.responders.echo import EchoResponder
 from pathprobe.wire import ECHO_CLOCKS, ECHO_CLOCKS_OFFSET, ECHO_HOLD_OFFSET, ECHO_REFLECTED
@@ -28,7 +27,7 @@ from pathprobe.wire import echo_packet as packet
 
 def client(timeout: float = 1.0) -> tuple[EchoProber, RttReport]:
     report = RttReport("udp", 0.01, 64)
-    settings = LossSettings(rate_pps=100, size_bytes=64, timeout_seconds=timeout)
+    settings = EchoSettings(rate_pps=100, size_bytes=64, timeout_seconds=timeout)
     return EchoProber(Target("198.18.1.2", 9470), settings, ReportSink(report)), report
 
 
@@ -42,6 +41,13 @@ def one_ways(c: EchoProber) -> list[OneWay]:
 
     c.sink.received = received  # type: ignore[method-assign]
     return seen
+
+
+def clocks() -> tuple[int, float]:
+    """The wall clock (ns) and the monotonic one (s), read together: an echo's exchange delay on the
+    first may exceed its elapsed time on the second by a millisecond at most (echo.DELAY_SLACK_SECONDS),
+    so a test that read them statements apart, preempted in between, had its echo's clocks refused."""
+    return time.time_ns(), time.perf_counter()
 
 
 def send(c: EchoProber, seq: int, at: float) -> None:
@@ -97,23 +103,26 @@ def test_jitter_follows_rtt_changes() -> None:
     assert r.jitter_seconds == pytest.approx(0.010 / 16 + (0.010 - 0.010 / 16) / 16, rel=0.05)
 
 
-def test_the_least_delayed_echo_gives_the_clock_offset() -> None:
+def test_the_clock_offset_is_the_median_of_the_least_delayed_echoes_one_corrupt_answer_moves_it_not() -> None:
     offsets: list[float] = []
     c, _ = client()
     c.sink.clock_offset = offsets.append  # type: ignore[method-assign]
     resp = EchoResponder(AllowList(["0.0.0.0/0"]), max_pps_per_source=100, count=lambda *_: None)
     echoes: list[bytes] = []
     resp.sendto = lambda data, addr, *_: echoes.append(data)  # type: ignore[method-assign]
-    now = time.time_ns()
-    for seq, sent_ago_ms in enumerate((500, 2, 100)):  # the second one's exchange took the least time
-        send(c, seq, time.perf_counter())
-        resp.datagram_received(packet(seq, 64, now - sent_ago_ms * 1_000_000), ("198.18.1.2", 4000))
-        c.datagram_received(echoes[-1], ("198.18.1.2", 9470))
-    # Same clock both ends: the offset is half the exchange's apparent delay, smallest for the
-    # second; the third, slower, leaves it (the sink is told of changes only).
-    assert len(offsets) == 2
-    assert 0.0005 < offsets[1] < 0.0015
-    assert offsets[0] == pytest.approx(0.25, abs=0.01)
+    # 40 exchanges of 2 ms (same clock both ends: the offset is half the apparent delay, 1 ms), one
+    # of 500 ms, and one whose answer says the responder's clock is an hour ahead (its delay as short).
+    for seq, sent_ago_ms in enumerate([2] * 20 + [500] + [2] * 20):
+        wall, mono = clocks()
+        send(c, seq, mono - sent_ago_ms / 1000)
+        resp.datagram_received(packet(seq, 64, wall - sent_ago_ms * 1_000_000), ("198.18.1.2", 4000))
+        echo = bytearray(echoes[-1])
+        if seq == 30:
+            took, answered = ECHO_CLOCKS.unpack_from(echo, ECHO_CLOCKS_OFFSET)
+            ECHO_CLOCKS.pack_into(echo, ECHO_CLOCKS_OFFSET, took + 3600 * 10**9, answered + 3600 * 10**9)
+        c.datagram_received(bytes(echo), ("198.18.1.2", 9470))
+    c._account(force=True)
+    assert 0.0005 < offsets[-1] < 0.0015, offsets
 
 
 def test_an_answer_read_late_gives_the_offset_of_its_arrival() -> None:
@@ -124,9 +133,9 @@ def test_an_answer_read_late_gives_the_offset_of_its_arrival() -> None:
         offsets: list[float] = []
         c, _ = client()
         c.sink.clock_offset = offsets.append  # type: ignore[method-assign]
-        now_ns = time.time_ns()
+        now_ns, mono = clocks()
         read_sent = now_ns - 100_000_000  # sent 100 ms ago; the kernel stamped it 10 us later
-        send(c, 0, time.perf_counter() - 0.1)
+        send(c, 0, mono - 0.1)
         if kernel_stamped:
             c._sent_ns[0] = read_sent + 10_000
         took = read_sent + 10_000 + 10_000_000 + 5_000_000  # 10 ms out, on a clock 5 ms ahead
@@ -137,14 +146,25 @@ def test_an_answer_read_late_gives_the_offset_of_its_arrival() -> None:
         assert offsets == [pytest.approx(expected, abs=0.002)], kernel_stamped
 
 
-@given(st.lists(st.floats(min_value=0, max_value=1, allow_nan=False), max_size=300), st.integers(1, 70))
-def test_the_least_delayed_of_a_sliding_window_is_the_windows_minimum(delays: list[float], size: int) -> None:
-    window = LeastDelayed(size)
-    for i, delay in enumerate(delays):
-        best_delay, best_offset = window.add(delay, offset=float(i))
-        recent = delays[max(0, i + 1 - size) : i + 1]
-        assert best_delay == min(recent)
-        assert delays[int(best_offset)] == best_delay and i + 1 - size <= best_offset <= i
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 1, allow_nan=False), st.floats(-10, 10, allow_nan=False)), min_size=1, max_size=200
+    ),
+    st.integers(1, 70),
+    st.integers(1, 10),
+)
+def test_the_offset_filter_takes_the_median_of_the_least_delayed_of_its_window(
+    exchanges: list[tuple[float, float]], size: int, quorum: int
+) -> None:
+    f = OffsetFilter(size, quorum)
+    for delay, offset in exchanges:
+        f.add(delay, offset)
+    estimate = f.estimate()
+    assert estimate is not None
+    window = sorted(exchanges[-size:])[:quorum]
+    offsets = sorted(o for _, o in window)
+    assert offsets[0] <= estimate[0] <= offsets[-1]  # a median of those: one outlier of three moves it not
+    assert estimate[1] == window[-1][0]  # the largest delay among them: the offset's error is at most half
 
 
 def test_an_echo_without_the_responders_clocks_gives_no_offset() -> None:
@@ -213,7 +233,7 @@ def test_responder_fills_in_its_hold_time_and_keeps_the_rest() -> None:
 
 def client_with(flows: int, timeout: float = 1.0) -> tuple[EchoProber, RttReport]:
     report = RttReport("udp", 0.01, 64)
-    settings = LossSettings(rate_pps=100, size_bytes=64, timeout_seconds=timeout, flows=flows)
+    settings = EchoSettings(rate_pps=100, size_bytes=64, timeout_seconds=timeout, flows=flows)
     return EchoProber(Target("198.18.1.2", 9470), settings, ReportSink(report)), report
 
 
@@ -291,7 +311,7 @@ def test_a_refusing_port_counts_each_packet_once() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again when the probe runs
     report = RttReport("udp", 0.005, 64)
-    settings = LossSettings(rate_pps=200, size_bytes=64, timeout_seconds=0.5, flows=4)
+    settings = EchoSettings(rate_pps=200, size_bytes=64, timeout_seconds=0.5, flows=4)
     asyncio.run(EchoProber(Target("127.0.0.1", port), settings, ReportSink(report)).run(count=40))
     assert report.sent == 40
     assert report.failures["refused"] + report.lost == 40, (report.failures, report.lost)
@@ -306,13 +326,38 @@ def test_each_echo_gives_both_one_way_delays_and_the_responders_bound() -> None:
     resp = EchoResponder(AllowList(["0.0.0.0/0"]), max_pps_per_source=100, count=lambda *_: None, bound=lambda: 50e-6)
     echoes: list[bytes] = []
     resp.sendto = lambda data, addr, *_: echoes.append(data)  # type: ignore[method-assign]
-    sent = time.time_ns() - 10_000_000
     for seq, size in enumerate((64, 52)):  # room for the bound, and only for the clocks
-        send(c, seq, time.perf_counter())
+        wall, mono = clocks()
+        sent = wall - 10_000_000
+        send(c, seq, mono - 0.010)
         resp.datagram_received(packet(seq, size, sent), ("198.18.1.2", 4000), arrived_ns=sent + 3_000_000)
         _, answered = ECHO_CLOCKS.unpack_from(echoes[-1], ECHO_CLOCKS_OFFSET)
         c.datagram_received(echoes[-1], ("198.18.1.2", 9470), arrived_ns=answered + 2_000_000)
     assert [w[:3] for w in seen] == [(0.003, 0.002, 50e-6), (0.003, 0.002, None)]
+
+
+def test_a_pause_while_an_echo_is_read_leaves_its_clocks_possible() -> None:
+    """The prober reads the monotonic and the wall clock together as an echo comes: read statements
+    apart, a pause between them (a preempted process) was in the exchange's wall-clock delay but not
+    in its elapsed time, and past a millisecond the echo's clocks were refused as impossible (one CI
+    run lost an echo's one-way delays so)."""
+    c, _ = client()
+    seen = one_ways(c)
+    resp = EchoResponder(AllowList(["0.0.0.0/0"]), max_pps_per_source=100, count=lambda *_: None)
+    echoes: list[bytes] = []
+    resp.sendto = lambda data, addr, *_: echoes.append(data)  # type: ignore[method-assign]
+    mark = c._recent.mark
+
+    def paused(*args: int) -> None:  # a pause inside the prober's handling of the echo
+        time.sleep(0.005)
+        mark(*args)
+
+    c._recent.mark = paused  # type: ignore[method-assign]
+    wall, mono = clocks()
+    send(c, 0, mono - 0.010)
+    resp.datagram_received(packet(0, 64, wall - 10_000_000), ("198.18.1.2", 4000))
+    c.datagram_received(echoes[-1], ("198.18.1.2", 9470))
+    assert len(seen) == 1
 
 
 @pytest.mark.parametrize(("skew", "caught"), [(0.005, False), (-0.025, False), (0.050, True), (-0.035, True)])
@@ -329,8 +374,9 @@ def test_a_clock_off_by_less_than_the_delay_it_hides_in_is_not_caught(skew: floa
     resp = EchoResponder(AllowList(["0.0.0.0/0"]), max_pps_per_source=100, count=lambda *_: None)
     echoes: list[bytes] = []
     resp.sendto = lambda data, addr, *_: echoes.append(data)  # type: ignore[method-assign]
-    sent = time.time_ns() - round((out + back) * 1e9)  # so that the answer arrives about now
-    send(c, 0, time.perf_counter())
+    wall, mono = clocks()
+    sent = wall - round((out + back) * 1e9)  # so that the answer arrives about now
+    send(c, 0, mono - (out + back))
     resp.datagram_received(packet(0, 64, sent), ("198.18.1.2", 4000))
     echo = bytearray(echoes[-1])
     arrived_there = sent + round(out * 1e9)
@@ -359,7 +405,7 @@ def test_marks_are_reflected_by_the_responder_over_real_sockets(dscp: int) -> No
         resp = EchoResponder(AllowList(["127.0.0.0/8"]), max_pps_per_source=1e9, count=lambda *_: None)
         await resp.start("127.0.0.1", 0)
         try:
-            settings = LossSettings(rate_pps=100, size_bytes=64, timeout_seconds=0.5, flows=2, dscp=dscp)
+            settings = EchoSettings(rate_pps=100, size_bytes=64, timeout_seconds=0.5, flows=2, dscp=dscp)
             await EchoProber(Target("127.0.0.1", resp.sockname()[1]), settings, sink).run(count=10)
         finally:
             resp.close()
@@ -374,7 +420,7 @@ def test_a_rewritten_mark_is_seen_in_its_direction() -> None:
     answer, sent with CS0, comes back as CS0."""
     seen: list[tuple[int, int, int | None]] = []
     c, _ = client()
-    c.settings = LossSettings(rate_pps=100, size_bytes=64, timeout_seconds=1.0, dscp=46)
+    c.settings = EchoSettings(rate_pps=100, size_bytes=64, timeout_seconds=1.0, dscp=46)
     c.sink.marks = lambda sent, forward, reverse: seen.append((sent, forward, reverse))  # type: ignore[method-assign]
     resp = EchoResponder(AllowList(["0.0.0.0/0"]), max_pps_per_source=100, count=lambda *_: None)
     sent: list[tuple[bytes, list[tuple[int, int, bytes]]]] = []
@@ -415,3 +461,35 @@ def test_a_one_off_run_reports_one_way_delays_only_as_its_clocks_allow() -> None
     negative = one_off(1e-6, 1e-6, [(0.030, 0.044), (-0.001, 0.075)]).one_way()
     assert negative is not None and negative["untrusted"] == "clocks_disagree"
     assert RttReport("tcp", 0.01, 1).one_way() is None
+
+
+def test_the_recent_packets_ring_forgets_a_seq_once_a_later_one_takes_its_slot() -> None:
+    from pathprobe.probes.recent import ANSWERED, EXPIRED, IN_FLIGHT, Recent
+
+    recent = Recent(4)
+    for seq in range(6):
+        recent.sent(seq, seq % 2, seq // 2 + 1)
+    recent.mark(3, ANSWERED)
+    recent.mark(4, EXPIRED)
+    recent.mark(0, EXPIRED)  # slot taken over by 4: nothing
+    assert [recent.state(s) for s in range(7)] == [None, None, IN_FLIGHT, ANSWERED, EXPIRED, IN_FLIGHT, None]
+    assert recent.flow_index(5) == (1, 3)
+    assert recent.flow_index(1) is None
+
+
+def test_the_offset_kept_between_exchanges_is_the_one_worked_out_afresh() -> None:
+    # OffsetFilter keeps its estimate while the least-delayed exchanges stay the same: with ties,
+    # a window that wraps and reads skipped, it must equal the median of the least-delayed of now.
+    import random
+    import statistics
+
+    from pathprobe.probes.echo import OffsetFilter
+
+    rng = random.Random(5)
+    for size, quorum in ((8, 1), (16, 4), (64, 8)):
+        f = OffsetFilter(size, quorum)
+        for _ in range(2000):
+            f.add(round(rng.uniform(0, 0.01), rng.choice([3, 9])), rng.choice([0.5, rng.uniform(-1, 1)]))
+            best = sorted(f.exchanges)[:quorum]
+            if rng.random() < 0.7:
+                assert f.estimate() == (statistics.median(sorted(o for _, o in best)), best[-1][0])

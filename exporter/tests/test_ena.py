@@ -43,3 +43,52 @@ def test_the_default_route_interface(tmp_path: Path) -> None:
     )
     assert ena.default_interface(table) == "ens5"
     assert ena.default_interface(tmp_path / "missing") is None
+
+
+def test_ena_express_counters_are_read_beside_the_allowances() -> None:
+    # The ENA layout above with the ENA Express lines that "Monitor ENA Express settings on your EC2
+    # instance" (Amazon EC2 User Guide) names, as ethtool -S prints them on an instance with it on.
+    counters = ena.parse((FIXTURES / "ethtool-S-ena-express.txt").read_text())
+    assert counters is not None
+    assert {k: counters[k] for k in ena.EXPRESS} == {
+        "ena_srd_mode": 1,
+        "ena_srd_tx_pkts": 1825211,
+        "ena_srd_eligible_tx_pkts": 1825304,
+        "ena_srd_rx_pkts": 1617739,
+        "ena_srd_resource_utilization": 3,
+    }
+    assert ena.rose(counters, dict(counters, ena_srd_tx_pkts=2_000_000)) == {}  # not an allowance
+
+
+def test_srd_falling_back_is_a_share_below_one() -> None:
+    before = ena.parse((FIXTURES / "ethtool-S-ena-express.txt").read_text())
+    assert before is not None
+    on_srd = dict(
+        before,
+        ena_srd_tx_pkts=before["ena_srd_tx_pkts"] + 1000,
+        ena_srd_eligible_tx_pkts=before["ena_srd_eligible_tx_pkts"] + 1000,
+    )
+    fell_back = dict(before, ena_srd_eligible_tx_pkts=before["ena_srd_eligible_tx_pkts"] + 1000)
+    assert ena.srd_share(before, on_srd) == 1.0 and ena.srd_share(before, fell_back) == 0.0
+    assert ena.srd_share(before, before) is None  # nothing eligible went out
+    plain = ena.parse((FIXTURES / "ethtool-S-ena.txt").read_text())
+    assert ena.srd_share(plain, plain) is None
+
+
+def test_metrics_show_ena_express_beside_the_allowances(tmp_path: Path) -> None:
+    from test_collector import config, samples, value
+
+    from pathprobe.exporter import Exporter
+
+    e = Exporter(config(tmp_path))
+    e.rooms.host.read_allowances("ens5", ena.parse((FIXTURES / "ethtool-S-ena-express.txt").read_text()))
+    got = samples(e)
+    assert value(got, "pathprobe_ena_srd_mode", interface="ens5") == 1
+    assert value(got, "pathprobe_ena_srd_eligible_tx_packets_total", interface="ens5") == 1825304
+    assert value(got, "pathprobe_ena_srd_resource_utilization_ratio", interface="ens5") == 0.03
+    assert value(got, "pathprobe_ena_allowance_exceeded_total", counter="bw_out_allowance_exceeded") == 1278
+    assert not [
+        n for n, labels in got if n == "pathprobe_ena_allowance_exceeded_total" and "srd" in dict(labels)["counter"]
+    ]
+    e.rooms.host.read_allowances("ens5", ena.parse((FIXTURES / "ethtool-S-ena.txt").read_text()))
+    assert not [n for n, _ in samples(e) if n.startswith("pathprobe_ena_srd")]  # absent, not zero, without ENA Express

@@ -5,16 +5,18 @@ import subprocess
 from pathprobe import firewall
 from pathprobe.config import Config
 
-CFG = Config.model_validate({
-    "host": {"name": "b", "address": "198.18.2.2", "region": "r"},
-    "peers": [
-        {"name": "a", "address": "198.18.1.2", "region": "r", "path_class": "intra_region"},
-        {"name": "c", "address": "2001:db8::5", "region": "r", "path_class": "intra_region"},
-        {"name": "d", "address": "198.18.9.7", "region": "r", "path_class": "intra_region"},
-    ],
-    "responders": {"allow": ["198.18.9.0/24"]},
-    "iperf3": {"port": 5301},
-})  # fmt: skip
+CFG = Config.model_validate(
+    {
+        "host": {"name": "b", "address": "198.18.2.2", "region": "r"},
+        "peers": [
+            {"name": "a", "address": "198.18.1.2", "region": "r", "path_class": "intra_region"},
+            {"name": "c", "address": "2001:db8::5", "region": "r", "path_class": "intra_region"},
+            {"name": "d", "address": "198.18.9.7", "region": "r", "path_class": "intra_region"},
+        ],
+        "responders": {"allow": ["198.18.9.0/24"]},
+        "iperf3": {"port": 5301},
+    }
+)
 
 
 def test_only_the_peers_reach_the_iperf3_port() -> None:
@@ -28,6 +30,7 @@ def test_only_the_peers_reach_the_iperf3_port() -> None:
 
 
 def test_nft_accepts_it() -> None:
-    check = subprocess.run(["nft", "-c", "-f", "-"], input=firewall.ruleset(CFG), capture_output=True, text=True,
-                           timeout=30, check=False)  # fmt: skip
+    check = subprocess.run(
+        ["nft", "-c", "-f", "-"], input=firewall.ruleset(CFG), capture_output=True, text=True, timeout=30, check=False
+    )
     assert check.returncode == 0, check.stderr

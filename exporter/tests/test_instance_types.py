@@ -34,12 +34,17 @@ C6GN_MEDIUM: dict[str, Any] = {
         "MaximumNetworkCards": 1,
         "DefaultNetworkCardIndex": 0,
         "NetworkCards": [
-            {"NetworkCardIndex": 0, "NetworkPerformance": "Up to 16 Gigabit", "MaximumNetworkInterfaces": 2,
-             "BaselineBandwidthInGbps": 1.6, "PeakBandwidthInGbps": 16.0}
+            {
+                "NetworkCardIndex": 0,
+                "NetworkPerformance": "Up to 16 Gigabit",
+                "MaximumNetworkInterfaces": 2,
+                "BaselineBandwidthInGbps": 1.6,
+                "PeakBandwidthInGbps": 16.0,
+            }
         ],
         "EnaSupport": "required",
     },
-}  # fmt: skip
+}
 C6IN_32XLARGE: dict[str, Any] = {
     "InstanceType": "c6in.32xlarge",
     "VCpuInfo": {"DefaultVCpus": 128},
@@ -116,28 +121,42 @@ def broken(change: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("doc", "message"),
     [
-        (broken(lambda i: i["NetworkInfo"].pop("NetworkCards")),
-         "instance type c6gn.medium: NetworkInfo.NetworkCards: missing (no network card data)"),
-        (broken(lambda i: i["NetworkInfo"].update(NetworkCards=[])),
-         "instance type c6gn.medium: NetworkInfo.NetworkCards: missing (no network card data)"),
+        (
+            broken(lambda i: i["NetworkInfo"].pop("NetworkCards")),
+            "instance type c6gn.medium: NetworkInfo.NetworkCards: missing (no network card data)",
+        ),
+        (
+            broken(lambda i: i["NetworkInfo"].update(NetworkCards=[])),
+            "instance type c6gn.medium: NetworkInfo.NetworkCards: missing (no network card data)",
+        ),
         (broken(lambda i: i.pop("NetworkInfo")), "instance type c6gn.medium: NetworkInfo: missing"),
-        (broken(lambda i: i["NetworkInfo"]["NetworkCards"][0].pop("BaselineBandwidthInGbps")),
-         "instance type c6gn.medium: NetworkInfo.NetworkCards[0].BaselineBandwidthInGbps: missing"),
-        (broken(lambda i: i["NetworkInfo"]["NetworkCards"][0].update(PeakBandwidthInGbps="fast")),
-         "instance type c6gn.medium: NetworkInfo.NetworkCards[0].PeakBandwidthInGbps: not a positive number: 'fast'"),
-        (broken(lambda i: i["NetworkInfo"]["NetworkCards"][0].update(PeakBandwidthInGbps=1.0)),
-         "instance type c6gn.medium: NetworkInfo.NetworkCards[0].PeakBandwidthInGbps: 1 is below the baseline 1.6"),
+        (
+            broken(lambda i: i["NetworkInfo"]["NetworkCards"][0].pop("BaselineBandwidthInGbps")),
+            "instance type c6gn.medium: NetworkInfo.NetworkCards[0].BaselineBandwidthInGbps: missing",
+        ),
+        (
+            broken(lambda i: i["NetworkInfo"]["NetworkCards"][0].update(PeakBandwidthInGbps="fast")),
+            "instance type c6gn.medium: NetworkInfo.NetworkCards[0].PeakBandwidthInGbps: not a positive number: 'fast'",
+        ),
+        (
+            broken(lambda i: i["NetworkInfo"]["NetworkCards"][0].update(PeakBandwidthInGbps=1.0)),
+            "instance type c6gn.medium: NetworkInfo.NetworkCards[0].PeakBandwidthInGbps: 1 is below the baseline 1.6",
+        ),
         (broken(lambda i: i.pop("VCpuInfo")), "instance type c6gn.medium: VCpuInfo.DefaultVCpus: missing"),
-        (broken(lambda i: i["VCpuInfo"].update(DefaultVCpus=True)),
-         "instance type c6gn.medium: VCpuInfo.DefaultVCpus: not a positive integer: True"),
-        (broken(lambda i: i["NetworkInfo"].update(DefaultNetworkCardIndex=3)),
-         "instance type c6gn.medium: NetworkInfo.DefaultNetworkCardIndex: 3 names no card"),
+        (
+            broken(lambda i: i["VCpuInfo"].update(DefaultVCpus=True)),
+            "instance type c6gn.medium: VCpuInfo.DefaultVCpus: not a positive integer: True",
+        ),
+        (
+            broken(lambda i: i["NetworkInfo"].update(DefaultNetworkCardIndex=3)),
+            "instance type c6gn.medium: NetworkInfo.DefaultNetworkCardIndex: 3 names no card",
+        ),
         (broken(lambda i: i.pop("InstanceType")), "f: InstanceTypes[0]: InstanceType: missing"),
         ({"Reservations": []}, "f: not a DescribeInstanceTypes response"),
         ({"InstanceTypes": {}}, "f: InstanceTypes: not a list"),
         ({"InstanceTypes": []}, "no instance types in the input"),
     ],
-)  # fmt: skip
+)
 def test_bad_input_names_the_type_and_the_field(doc: Any, message: str) -> None:
     with pytest.raises(instance_types.InstanceDataError) as e:
         instance_types.parse([("f", doc)])
@@ -146,9 +165,13 @@ def test_bad_input_names_the_type_and_the_field(doc: Any, message: str) -> None:
 
 @pytest.mark.parametrize(
     ("raw", "message"),
-    [(b'{"InstanceTypes": [', "not JSON: Expecting value (line 1, column 20)"), (b"", "empty"),
-     (b"\x1f\x8bnot gzip", "not a valid gzip file"), (b"\xff\xfe{}", "not UTF-8 text")],
-)  # fmt: skip
+    [
+        (b'{"InstanceTypes": [', "not JSON: Expecting value (line 1, column 20)"),
+        (b"", "empty"),
+        (b"\x1f\x8bnot gzip", "not a valid gzip file"),
+        (b"\xff\xfe{}", "not UTF-8 text"),
+    ],
+)
 def test_malformed_files_are_named(tmp_path: Path, raw: bytes, message: str) -> None:
     path = tmp_path / "bad.json"
     path.write_bytes(raw)
@@ -165,13 +188,29 @@ def test_the_packaged_table_is_dated_sourced_and_complete() -> None:
     assert t.source.startswith("the DescribeInstanceTypes snapshot in moto ")
     assert t.as_of.isoformat() == "2026-10-27" and t.generated >= t.as_of
     assert len(t.types) == 1395
-    figures = {n: (t.types[n].card.baseline_gbps, t.types[n].card.peak_gbps) for n in
-               ("c6gn.medium", "m7i.large", "m5.large", "t3.micro", "c5n.large", "c6gn.12xlarge", "m6i.metal",
-                "c7gn.16xlarge")}  # fmt: skip
+    figures = {
+        n: (t.types[n].card.baseline_gbps, t.types[n].card.peak_gbps)
+        for n in (
+            "c6gn.medium",
+            "m7i.large",
+            "m5.large",
+            "t3.micro",
+            "c5n.large",
+            "c6gn.12xlarge",
+            "m6i.metal",
+            "c7gn.16xlarge",
+        )
+    }
     assert figures == {
-        "c6gn.medium": (1.6, 16), "m7i.large": (0.781, 12.5), "m5.large": (0.75, 10), "t3.micro": (0.064, 5),
-        "c5n.large": (3.0, 25), "c6gn.12xlarge": (75, 75), "m6i.metal": (50, 50), "c7gn.16xlarge": (200, 200),
-    }  # fmt: skip
+        "c6gn.medium": (1.6, 16),
+        "m7i.large": (0.781, 12.5),
+        "m5.large": (0.75, 10),
+        "t3.micro": (0.064, 5),
+        "c5n.large": (3.0, 25),
+        "c6gn.12xlarge": (75, 75),
+        "m6i.metal": (50, 50),
+        "c7gn.16xlarge": (200, 200),
+    }
     assert len(t.types["p5.48xlarge"].cards) == 32
 
 
@@ -213,10 +252,12 @@ def test_import_writes_a_dated_table(tmp_path: Path, capsys: pytest.CaptureFixtu
     ("content", "message"),
     [
         ("{not json", "not JSON"),
-        (json.dumps(broken(lambda i: i["NetworkInfo"].pop("NetworkCards"))),
-         "instance type c6gn.medium: NetworkInfo.NetworkCards: missing (no network card data)"),
+        (
+            json.dumps(broken(lambda i: i["NetworkInfo"].pop("NetworkCards"))),
+            "instance type c6gn.medium: NetworkInfo.NetworkCards: missing (no network card data)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_input_exits_2_and_leaves_the_previous_table(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, message: str
 ) -> None:
@@ -273,8 +314,12 @@ def moto_server() -> Iterator[str]:
     exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
     assert exe is not None, "moto_server is not installed (it is in the dev extra: pip install -e 'exporter[dev]')"
     port = unused_port()
-    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [exe, "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while True:

@@ -10,7 +10,8 @@ import pytest
 from pathprobe import iperf3
 from pathprobe.config import Iperf3Auth, Iperf3Settings
 from pathprobe.probes import ProbeFailure, Target
-from pathprobe.probes.throughput import ThroughputTest, classify_error, parse
+from pathprobe.probes.iperf3_test import ThroughputTest
+from pathprobe.probes.throughput import classify_error, parse
 from pathprobe.responders.iperf3 import server_command
 
 FIXTURES = Path(__file__).parent / "fixtures" / "iperf3"
@@ -140,24 +141,35 @@ def test_the_hosts_iperf3_version_is_read_from_the_binary(tmp_path: Path) -> Non
 
 
 # (client, server): whether each is given the option.
-@pytest.mark.parametrize(("found", "has_option", "legacy", "given"), [
-    ((3, 18), True, True, (True, True)),  # a newer host in a fleet that still has older iperf3: the old padding
-    ((3, 18), True, False, (False, False)),  # its own (OAEP)
-    ((3, 20), True, True, (False, True)),  # from 3.20 the option is the server's only
-    ((3, 12), False, True, (False, False)),  # older iperf3 has only PKCS#1, and no such option
-    ((3, 16), True, True, (True, True)),  # a distribution's build with the change: what --help says counts
-    (None, True, True, (False, True)),  # no version: the client is not given an option it may refuse
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("found", "has_option", "legacy", "given"),
+    [
+        ((3, 18), True, True, (True, True)),  # a newer host in a fleet that still has older iperf3: the old padding
+        ((3, 18), True, False, (False, False)),  # its own (OAEP)
+        ((3, 20), True, True, (False, True)),  # from 3.20 the option is the server's only
+        ((3, 12), False, True, (False, False)),  # older iperf3 has only PKCS#1, and no such option
+        ((3, 16), True, True, (True, True)),  # a distribution's build with the change: what --help says counts
+        (None, True, True, (False, True)),  # no version: the client is not given an option it may refuse
+    ],
+)
 def test_authenticated_clients_and_servers_take_the_fleets_padding(
-    monkeypatch: pytest.MonkeyPatch, found: tuple[int, int] | None, has_option: bool, legacy: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    found: tuple[int, int] | None,
+    has_option: bool,
+    legacy: bool,
     given: tuple[bool, bool],
-) -> None:  # fmt: skip
+) -> None:
     client, server = given
     monkeypatch.setattr(iperf3, "version", lambda _binary: found)
     monkeypatch.setattr(iperf3, "has_pkcs1_option", lambda _binary: has_option)
-    auth = Iperf3Auth(username="u", password_file=Path("p"), public_key_file=Path("pub.pem"),
-                      private_key_file=Path("key.pem"), authorized_users_file=Path("users.csv"),
-                      legacy_rsa_padding=legacy)  # fmt: skip
+    auth = Iperf3Auth(
+        username="u",
+        password_file=Path("p"),
+        public_key_file=Path("pub.pem"),
+        private_key_file=Path("key.pem"),
+        authorized_users_file=Path("users.csv"),
+        legacy_rsa_padding=legacy,
+    )
     test = ThroughputTest(username="u", public_key_file=Path("pub.pem"), legacy_rsa_padding=legacy)
     assert (iperf3.PKCS1_OPTION in test.command(Target("198.18.2.2", 5201))) is client
     assert (iperf3.PKCS1_OPTION in server_command(Iperf3Settings(auth=auth), "0.0.0.0")) is server
@@ -170,3 +182,12 @@ def test_a_test_marked_with_a_dscp_asks_iperf3_for_it() -> None:
     assert "--dscp" not in ThroughputTest().command(target)  # CS0: the kernel's default, nothing to ask
     command = ThroughputTest(dscp=46).command(target)
     assert command[command.index("--dscp") + 1] == "46"
+
+
+def test_the_intervals_and_cpu_are_kept_for_the_evidence() -> None:
+    r = parse(load("tcp_2streams.json"), ThroughputTest(streams=2, duration_seconds=1, omit_seconds=0))
+    [interval] = r.intervals
+    assert interval["bits_per_second"] == pytest.approx(400510774.28, rel=1e-3)
+    first = interval["streams"][0]
+    assert (first["socket"], first["snd_cwnd"], first["rtt"]) == (5, 1178694, 75)
+    assert r.iperf3_cpu_percent is not None and r.iperf3_cpu_percent["host_total"] == pytest.approx(4.536, rel=1e-3)

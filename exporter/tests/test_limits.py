@@ -96,14 +96,24 @@ def test_check_config_names_unknown_types_with_their_field() -> None:
         {
             "host": {"name": "h", "address": "198.18.1.1", "region": "r", "instance_type": "c6gn.mediun"},
             "peers": [
-                {"name": "a", "address": "198.18.2.2", "region": "r", "path_class": "intra_region",
-                 "instance_type": "m7i.large"},
-                {"name": "b", "address": "198.18.2.3", "region": "r", "path_class": "intra_region",
-                 "instance_type": "x9.large"},
+                {
+                    "name": "a",
+                    "address": "198.18.2.2",
+                    "region": "r",
+                    "path_class": "intra_region",
+                    "instance_type": "m7i.large",
+                },
+                {
+                    "name": "b",
+                    "address": "198.18.2.3",
+                    "region": "r",
+                    "path_class": "intra_region",
+                    "instance_type": "x9.large",
+                },
                 {"name": "c", "address": "198.18.2.4", "region": "r", "path_class": "intra_region"},
             ],
         }
-    )  # fmt: skip
+    )
     problems = unknown_instance_types(cfg)
     assert len(problems) == 2
     assert problems[0].startswith("host.instance_type: unknown instance type 'c6gn.mediun'")
@@ -194,8 +204,14 @@ def test_send_buffer_binds_when_smaller_than_the_receive_window() -> None:
     assert (e.limit, e.bits_per_second) == ("instance", pytest.approx(160e6))
 
 
-@pytest.mark.parametrize(("release", "adv", "share"), [
-    ("6.1.55-75.123.amzn2023.x86_64", 1, 0.5), ("5.10.0", 2, 0.75), ("4.19.0", -2, 0.25), ("6.18.44-fc", 1, 0.78),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("release", "adv", "share"),
+    [
+        ("6.1.55-75.123.amzn2023.x86_64", 1, 0.5),
+        ("5.10.0", 2, 0.75),
+        ("4.19.0", -2, 0.25),
+        ("6.18.44-fc", 1, 0.78),
+    ],
+)
 def test_window_share_follows_the_kernel(release: str, adv: int, share: float) -> None:
     assert window_share(release, adv) == share

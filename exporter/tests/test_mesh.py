@@ -14,8 +14,11 @@ HIER = Policy(kind="hierarchical", scope="region", representatives=2)
 
 
 def fleet(regions: int, per_region: int) -> list[Member]:
-    return [Member(f"r{r:02d}-h{h:03d}", f"region-{r:02d}", f"region-{r:02d}{'abc'[h % 3]}")
-            for r in range(regions) for h in range(per_region)]  # fmt: skip
+    return [
+        Member(f"r{r:02d}-h{h:03d}", f"region-{r:02d}", f"region-{r:02d}{'abc'[h % 3]}")
+        for r in range(regions)
+        for h in range(per_region)
+    ]
 
 
 def test_full_mesh_is_every_pair() -> None:
@@ -101,8 +104,9 @@ def test_a_hosts_peers_are_its_pairs_of_the_whole_mesh(seed: int) -> None:
         with contextlib.suppress(MeshError):  # a region smaller than `representatives`
             every = links(members, policy)
             for m in members:
-                assert peers(members, m.name, policy) == sorted(b if a == m.name else a for a, b in every
-                                                                if m.name in (a, b)), (policy, m)  # fmt: skip
+                assert peers(members, m.name, policy) == sorted(
+                    b if a == m.name else a for a, b in every if m.name in (a, b)
+                ), (policy, m)
 
 
 def greedy_in_sorted_order(pairs: set[tuple[str, str]]) -> list[list[tuple[str, str]]]:
@@ -121,8 +125,10 @@ def greedy_in_sorted_order(pairs: set[tuple[str, str]]) -> list[list[tuple[str, 
 def test_the_rounds_are_the_greedy_colouring_in_sorted_order(seed: int) -> None:
     # Names whose order as strings is not their order as numbers or lengths.
     rng = random.Random(seed)
-    members = [Member(rng.choice(["h", "h-", "H", "x"]) + str(rng.randrange(200)), f"r{rng.randrange(3)}")
-               for _ in range(rng.randint(3, 60))]  # fmt: skip
+    members = [
+        Member(rng.choice(["h", "h-", "H", "x"]) + str(rng.randrange(200)), f"r{rng.randrange(3)}")
+        for _ in range(rng.randint(3, 60))
+    ]
     members = list({m.name: m for m in members}.values())
     for policy in (Policy(), Policy(kind="hierarchical", representatives=1)):
         found = links(members, policy)

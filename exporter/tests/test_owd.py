@@ -8,33 +8,43 @@ import pytest
 from pathprobe.clock import ClockErrorBound
 from pathprobe.config import ClockSettings, Config
 from pathprobe.metrics.owd import OwdRoom
-from pathprobe.probes.base import OneWay
+from pathprobe.probes.echo import OneWay
 
 NOW = 1_800_000_000.0
 
 
 def room(own_bound: float | None = 20e-6) -> OwdRoom:
-    cfg = Config.model_validate({
-        "host": {"name": "a", "address": "198.18.1.2", "region": "ap-northeast-1"},
-        "peers": [{"name": "b", "address": "198.18.2.2", "region": "ap-northeast-3", "path_class": "inter_region"}],
-    })  # fmt: skip
+    cfg = Config.model_validate(
+        {
+            "host": {"name": "a", "address": "198.18.1.2", "region": "ap-northeast-1"},
+            "peers": [{"name": "b", "address": "198.18.2.2", "region": "ap-northeast-3", "path_class": "inter_region"}],
+        }
+    )
     bound = ClockErrorBound(ClockSettings(source="stated", error_bound_seconds=own_bound or 1.0))
     bound.seconds = own_bound
     return OwdRoom(cfg, bound, clock=lambda: NOW)
 
 
 def read(r: OwdRoom) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    return {(s.name, frozenset((k, v) for k, v in s.labels.items() if k not in ("peer_region", "path_class"))): s.value
-            for family in r.collect() for s in family.samples}  # fmt: skip
+    return {
+        (s.name, frozenset((k, v) for k, v in s.labels.items() if k not in ("peer_region", "path_class"))): s.value
+        for family in r.collect()
+        for s in family.samples
+    }
 
 
 def owd(samples: dict, direction: str) -> float:
-    return samples[("pathprobe_owd_seconds", frozenset({("peer", "b"), ("direction", direction), ("state", "idle"),
-                                                        ("quantile", "0.5")}))]  # fmt: skip
+    return samples[
+        (
+            "pathprobe_owd_seconds",
+            frozenset({("peer", "b"), ("direction", direction), ("state", "idle"), ("quantile", "0.5")}),
+        )
+    ]
 
 
-def feed(r: OwdRoom, delays: tuple[float, float], *, peer_bound: float | None = 30e-6, n: int = 20,
-         apart: float = 10e-6) -> None:  # fmt: skip
+def feed(
+    r: OwdRoom, delays: tuple[float, float], *, peer_bound: float | None = 30e-6, n: int = 20, apart: float = 10e-6
+) -> None:
     """n echoes of these (forward, reverse) delays."""
     for _ in range(n):
         r.observe("b", OneWay(*delays, peer_bound, apart), NOW, "idle")
@@ -51,13 +61,16 @@ def test_trusted_delays_are_exported_by_direction_with_their_error_bound() -> No
     assert not [k for k in s if k[0] == "pathprobe_owd_untrusted_info"]
 
 
-@pytest.mark.parametrize(("case", "reason"), [
-    ("the peer states no bound", "no_bound"),
-    ("this host knows no bound", "no_bound"),
-    ("the echoes put the clocks further apart than their bounds", "clocks_disagree"),
-    ("a delay came out negative", "clocks_disagree"),
-    ("the bounds are a large share of the delay", "bound_too_wide"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        ("the peer states no bound", "no_bound"),
+        ("this host knows no bound", "no_bound"),
+        ("the echoes put the clocks further apart than their bounds", "clocks_disagree"),
+        ("a delay came out negative", "clocks_disagree"),
+        ("the bounds are a large share of the delay", "bound_too_wide"),
+    ],
+)
 def test_untrusted_delays_are_withheld_and_say_why(case: str, reason: str) -> None:
     r = room(own_bound=None if case == "this host knows no bound" else 20e-6)
     if case == "the peer states no bound":

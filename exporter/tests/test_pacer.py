@@ -1,4 +1,4 @@
-"""The continuous probes' shared timer (probes.base.Pacer), on a real event loop."""
+"""The continuous probes' shared timer (probes.pacer.Pacer), on a real event loop."""
 
 import asyncio
 import math
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pathprobe import stamps
-from pathprobe.probes.base import PACE_SECONDS, Pacer
+from pathprobe.probes.pacer import PACE_SECONDS, Pacer
 
 
 def passes(loop: asyncio.AbstractEventLoop) -> Callable[[], int]:
@@ -139,8 +139,10 @@ def test_datagrams_are_read_on_the_senders_passes_not_as_each_arrives() -> None:
     """Twenty datagrams arriving 7 ms apart (as a mesh's answers come back, each path its own length)
     while a sender sends every 0.1 s: all are read, each on one of the sender's passes (none on a pass
     of its own), after the kernel stamped its arrival."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock, \
-         socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:  # fmt: skip
+    with (
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock,
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer,
+    ):
         sock.bind(("127.0.0.1", 0))
         sock.setblocking(False)
         stamps.enable(sock)

@@ -19,13 +19,27 @@ GBIT = 1e9
 
 def config(**extra: Any) -> dict[str, Any]:
     peers = [
-        {"name": "b", "address": "198.18.2.2", "region": "ap-northeast-1", "path_class": "intra_region",
-         "limits": {"expected_bits_per_second": 2 * GBIT}},
-        {"name": "c", "address": "198.18.3.2", "region": "ap-northeast-3", "path_class": "inter_region",
-         "limits": {"expected_bits_per_second": 1 * GBIT}},
-    ]  # fmt: skip
-    return {"host": {"name": "a", "address": "198.18.1.2", "region": "ap-northeast-1"}, "peers": peers,
-            "budget": {"daily_bytes": "50GB", "price_per_gb": {"inter_region": 0.02}}, **extra}  # fmt: skip
+        {
+            "name": "b",
+            "address": "198.18.2.2",
+            "region": "ap-northeast-1",
+            "path_class": "intra_region",
+            "limits": {"expected_bits_per_second": 2 * GBIT},
+        },
+        {
+            "name": "c",
+            "address": "198.18.3.2",
+            "region": "ap-northeast-3",
+            "path_class": "inter_region",
+            "limits": {"expected_bits_per_second": 1 * GBIT},
+        },
+    ]
+    return {
+        "host": {"name": "a", "address": "198.18.1.2", "region": "ap-northeast-1"},
+        "peers": peers,
+        "budget": {"daily_bytes": "50GB", "price_per_gb": {"inter_region": 0.02}},
+        **extra,
+    }
 
 
 def test_the_budget_sets_the_slot() -> None:
@@ -69,14 +83,24 @@ def test_a_large_budget_leaves_the_slot_its_tests_need_and_none_fits_no_test() -
 def test_the_command_prints_the_cadence_and_says_what_to_set(tmp_path: Path) -> None:
     path = tmp_path / "pathprobe.yaml"
     path.write_text(yaml.safe_dump(config()))
-    out = subprocess.run([sys.executable, "-m", "pathprobe", "plan", "--config", str(path)], capture_output=True,
-                         text=True, timeout=60, check=False)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "pathprobe", "plan", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     fits = plan(Config.model_validate(config())).within_budget()
     assert "| configured | 120 s | 6.0 min |" in out.stdout
     assert f"| within 50 GB a day | {fits.slot_seconds:g} s |" in out.stdout
     assert f"Set schedule.slot_seconds: {fits.slot_seconds:g}." in out.stdout
     path.write_text(yaml.safe_dump({**config(), "budget": {"daily_bytes": "lots"}}))
-    bad = subprocess.run([sys.executable, "-m", "pathprobe", "plan", "--config", str(path)], capture_output=True,
-                         text=True, timeout=60, check=False)  # fmt: skip
+    bad = subprocess.run(
+        [sys.executable, "-m", "pathprobe", "plan", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert bad.returncode == 2 and "budget.daily_bytes" in bad.stderr and "Traceback" not in bad.stderr

@@ -15,9 +15,9 @@ import pytest
 
 from pathprobe import stamps, wire
 from pathprobe.allow import AllowList
-from pathprobe.config import LossSettings, MtuSettings, RttSettings
+from pathprobe.probe_settings import EchoSettings, MtuSettings, RttSettings
 from pathprobe.probes import EchoProber, MtuProber, RttProber, Target
-from pathprobe.probes.base import PACE_SECONDS, Pacer
+from pathprobe.probes.pacer import PACE_SECONDS, Pacer
 from pathprobe.probes.report import ReportSink, RttReport
 from pathprobe.responders import rr as rr_responder
 from pathprobe.responders.echo import EchoResponder
@@ -155,7 +155,7 @@ def test_both_probes_work_over_ipv4_and_ipv6(address: str) -> None:
         tcp, udp = RttReport("tcp", 0.001, 1), RttReport("udp", 0.005, 64)
         rtt = RttSettings(interval_seconds=0.001, size_bytes=1, timeout_seconds=2.0)
         await RttProber(Target(address, rr.listener.getsockname()[1]), rtt, ReportSink(tcp)).run(count=10)
-        loss = LossSettings(rate_pps=200, size_bytes=64, timeout_seconds=1.0)
+        loss = EchoSettings(rate_pps=200, size_bytes=64, timeout_seconds=1.0)
         await EchoProber(Target(address, echo.sockname()[1]), loss, ReportSink(udp)).run(count=10)
         rr.close()
         echo.close()
@@ -187,7 +187,7 @@ def test_both_probes_time_every_request_from_the_kernels_transmit_stamp(
         rtt = RttSettings(interval_seconds=0.001, size_bytes=1, timeout_seconds=2.0, flows=2)
         tcp = RttProber(Target(address, rr.listener.getsockname()[1]), rtt, ReportSink(RttReport("tcp", 0.001, 1)))
         await tcp.run(count=20)
-        loss = LossSettings(rate_pps=200, size_bytes=64, timeout_seconds=1.0, flows=4)
+        loss = EchoSettings(rate_pps=200, size_bytes=64, timeout_seconds=1.0, flows=4)
         await EchoProber(Target(address, echo.sockname()[1]), loss, ReportSink(RttReport("udp", 0.005, 64))).run(40)
         rr.close()
         echo.close()
@@ -228,7 +228,7 @@ def test_an_exchange_wakes_each_side_once_not_for_its_transmit_stamps(monkeypatc
         listening.append(rr.listener.getsockname()[1])
         echo = EchoResponder(allow, 1000, lambda _: None)
         await echo.start("127.0.0.1", 0)
-        rtt, loss = RttSettings(interval_seconds=0.01, flows=2), LossSettings(rate_pps=100, flows=4)  # default sizes
+        rtt, loss = RttSettings(interval_seconds=0.01, flows=2), EchoSettings(rate_pps=100, flows=4)  # default sizes
         tcp, udp = RttReport("tcp", 0.01, rtt.size_bytes), RttReport("udp", 0.01, loss.size_bytes)
         await RttProber(Target("127.0.0.1", rr.listener.getsockname()[1]), rtt, ReportSink(tcp)).run(count=20)
         await EchoProber(Target("127.0.0.1", echo.sockname()[1]), loss, ReportSink(udp)).run(40)
@@ -265,7 +265,7 @@ def test_a_two_step_echo_keeps_the_responders_own_send_out_of_the_rtt(
         echo = EchoResponder(AllowList(["127.0.0.0/8"]), 1000, lambda _: None, bound=lambda: 1e-6)
         await echo.start("127.0.0.1", 0)
         report = RttReport("udp", 0.02, size)
-        loss = LossSettings(rate_pps=50, size_bytes=size, timeout_seconds=1.0, flows=flows)
+        loss = EchoSettings(rate_pps=50, size_bytes=size, timeout_seconds=1.0, flows=flows)
         await EchoProber(Target("127.0.0.1", echo.sockname()[1]), loss, ReportSink(report)).run(count)
         echo.close()
         return report
@@ -385,7 +385,9 @@ def test_an_rtt_answer_read_on_the_grid_counts_by_when_it_came_not_when_it_was_r
     timeout, and is an RTT; one that came at 0.23 s, read on the pass at 0.25 s, is a timeout (its
     connection closed, the flow tried again after a back-off). Each exchange's outcome is checked
     against when its answer really left (the server's sleep can wake late on a busy machine: a CI
-    run's came after 0.2 s once), and most answers must come as intended."""
+    run's came after 0.2 s once), and most answers must come as intended. A new connection's hello
+    can time out too on a starved machine (a CI run's unit tests at nice 19 beside three labs: one
+    request of three sent); such an attempt sends no request and is a timeout as well."""
     timeout, count = 0.2, 3
     requests_sent: list[float] = []  # monotonic: the prober's requests (hellos left out), and
     answers_sent: list[float] = []  # the server's answers to them, in order
@@ -419,14 +421,15 @@ def test_an_rtt_answer_read_on_the_grid_counts_by_when_it_came_not_when_it_was_r
         return report
 
     report = asyncio.run(scenario())
-    assert len(requests_sent) == count
-    # An answer never sent (the server still asleep as the run ended) came after the timeout too.
+    assert 1 <= len(requests_sent) <= count
+    # An answer never sent (the server still asleep as the run ended) came after the timeout too, and
+    # an attempt whose hello timed out sent no request: a timeout.
     took = [answers_sent[i] - asked if i < len(answers_sent) else math.inf for i, asked in enumerate(requests_sent)]
     in_time = sum(t < timeout for t in took)
     timeouts = {"timeout": count - in_time} if in_time < count else {}
     assert report.received == in_time and report.failures == timeouts, (report, took)
     if outcome == "received":
-        assert in_time >= count - 1, took  # the case was made: answers that came before the timeout
+        assert in_time >= max(1, len(requests_sent) - 1), took  # the case made: most requests answered in time
         assert all(late <= rtt < timeout for rtt in report.rtts), report.rtts
     else:
         assert in_time == 0, took

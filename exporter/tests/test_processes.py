@@ -25,8 +25,10 @@ def start(ports: tuple[int, int]) -> subprocess.Popen[str]:
     rr, iperf3 = ports
     proc = subprocess.Popen(
         [*SERVE, "--rr-port", str(rr), "--echo-port", str(rr), "--iperf3-port", str(iperf3)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return proc
 
 
@@ -93,8 +95,21 @@ def test_serve_states_its_clock_error_bound_in_every_echo_answer(ports: tuple[in
     """Peers trust one-way delays to a responder only with its clock error bound: `serve` states
     the one it is given (or reads chronyd's or ClockBound's) in each answer."""
     rr, iperf3 = ports
-    proc = subprocess.Popen([*SERVE, "--rr-port", str(rr), "--echo-port", str(rr), "--iperf3-port", str(iperf3),
-                             "--clock-error-bound", "0.000002"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            *SERVE,
+            "--rr-port",
+            str(rr),
+            "--echo-port",
+            str(rr),
+            "--iperf3-port",
+            str(iperf3),
+            "--clock-error-bound",
+            "2us",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         assert "clock error bound 2 us (stated)" in proc.stdout.readline()  # ready
@@ -133,10 +148,10 @@ def test_a_stopped_iperf3_server_is_reported_down_then_restarted(
     pidfile = tmp_path / "iperf3.pid"
     command = [*iperf3.server_command(Iperf3Settings(port=ports[1]), "127.0.0.1"), "-I", str(pidfile)]
     states: list[bool] = []
-    restarts: list[int] = []
+    restarts: list[str] = []
 
     async def drill() -> None:
-        task = asyncio.create_task(iperf3.supervise(command, states.append, lambda: restarts.append(1)))
+        task = asyncio.create_task(iperf3.supervise(iperf3.Server(command, ports[1]), states.append, restarts.append))
         try:
             async with asyncio.timeout(30):
                 # Up, as the supervisor reports it (iperf3 writes its pid file before the supervisor's
@@ -157,7 +172,7 @@ def test_a_stopped_iperf3_server_is_reported_down_then_restarted(
 
     asyncio.run(drill())
     assert states[:2] == [True, False] and states[-1] is False  # up, stopped: down, ..., cancelled: down
-    assert restarts == [1]
+    assert restarts == ["stopped"]
 
 
 def fake_iperf3(tmp_path: Path, script: str) -> str:
@@ -167,11 +182,14 @@ def fake_iperf3(tmp_path: Path, script: str) -> str:
     return str(binary)
 
 
-@pytest.mark.parametrize(("script", "reason"), [
-    ("exec yes", "error"),  # prints without end: more than the output bound
-    ("head -c 300000 /dev/zero; exec sleep 60", "timeout"),  # prints, then hangs with its pipe unread
-    ("exec sleep 60", "timeout"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("script", "reason"),
+    [
+        ("exec yes", "error"),  # prints without end: more than the output bound
+        ("head -c 300000 /dev/zero; exec sleep 60", "timeout"),  # prints, then hangs with its pipe unread
+        ("exec sleep 60", "timeout"),
+    ],
+)
 def test_a_runaway_iperf3_client_ends_the_test_and_leaves_nothing(tmp_path: Path, script: str, reason: str) -> None:
     from pathprobe.probes import ProbeFailure, Target, ThroughputProber, ThroughputTest
 
@@ -202,7 +220,7 @@ def test_a_server_that_writes_much_to_stderr_is_never_blocked(tmp_path: Path) ->
     states: list[bool] = []
 
     async def run() -> None:
-        task = asyncio.create_task(iperf3.supervise(command, states.append, lambda: None))
+        task = asyncio.create_task(iperf3.supervise(iperf3.Server(command, 0), states.append, lambda _: None))
         try:
             async with asyncio.timeout(10):
                 while not done.exists():
@@ -226,21 +244,35 @@ def test_a_taken_metrics_port_is_a_clear_error(tmp_path: Path) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         cfg = tmp_path / "pathprobe.yaml"
-        cfg.write_text(yaml.safe_dump({
-            "host": {"name": "a", "address": "127.0.0.1", "region": "r1"},
-            "peers": [{"name": "b", "address": "127.0.0.2", "region": "r2", "path_class": "inter_region"}],
-            "web": {"listen": f"127.0.0.1:{port}"},
-            "budget": {"state_file": str(tmp_path / "budget.json")},
-        }))  # fmt: skip
-        run = subprocess.run([sys.executable, "-m", "pathprobe", "run", "--config", str(cfg)],
-                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "host": {"name": "a", "address": "127.0.0.1", "region": "r1"},
+                    "peers": [{"name": "b", "address": "127.0.0.2", "region": "r2", "path_class": "inter_region"}],
+                    "web": {"listen": f"127.0.0.1:{port}"},
+                    "budget": {"state_file": str(tmp_path / "budget.json")},
+                }
+            )
+        )
+        run = subprocess.run(
+            [sys.executable, "-m", "pathprobe", "run", "--config", str(cfg)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     assert run.returncode == 1, run.stderr
     assert f"cannot serve /metrics on 127.0.0.1:{port}" in run.stderr and "Traceback" not in run.stderr, run.stderr
 
 
 def iperf3_client(port: int, source: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port), "-B", source, "-t", "1", "-J"],
-                          capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    return subprocess.run(
+        ["iperf3", "-c", "127.0.0.1", "-p", str(port), "-B", source, "-t", "1", "-J"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
 
 
 def test_a_strangers_iperf3_test_is_cut_and_counted_and_a_peers_runs(ports: tuple[int, int]) -> None:
@@ -248,8 +280,10 @@ def test_a_strangers_iperf3_test_is_cut_and_counted_and_a_peers_runs(ports: tupl
     rr, port = ports
     proc = subprocess.Popen(
         [*SERVE, "--allow", "127.0.0.1/32", "--rr-port", str(rr), "--echo-port", str(rr), "--iperf3-port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None and "answering" in proc.stdout.readline()  # ready: iperf3 listens
         # iperf3 3.12 exits 0 with -J whatever happened: its JSON says.
@@ -271,10 +305,21 @@ def test_a_strangers_iperf3_test_is_cut_and_counted_and_a_peers_runs(ports: tupl
 def test_a_missing_iperf3_binary_leaves_the_other_responders_answering(ports: tuple[int, int]) -> None:
     rr, port = ports
     proc = subprocess.Popen(
-        [*SERVE, "--iperf3", "/nonexistent/iperf3", "--rr-port", str(rr), "--echo-port", str(rr),
-         "--iperf3-port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            *SERVE,
+            "--iperf3",
+            "/nonexistent/iperf3",
+            "--rr-port",
+            str(rr),
+            "--echo-port",
+            str(rr),
+            "--iperf3-port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None and "answering" in proc.stdout.readline()  # ready
         probe = [sys.executable, "-m", "pathprobe", "probe", "rtt", "127.0.0.1", "--port", str(rr), "-c", "3"]
@@ -303,8 +348,12 @@ t.join()
 
 def test_a_child_stops_on_sigint_even_when_pathprobe_was_started_with_it_ignored() -> None:
     # A shell's `cmd &` without job control starts cmd with SIGINT and SIGQUIT ignored.
-    out = subprocess.run(["sh", "-c", 'trap "" HUP INT QUIT; exec "$0" -c "$1"', sys.executable,
-                          CHILD_OF_AN_IGNORING_PARENT], capture_output=True, text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        ["sh", "-c", 'trap "" HUP INT QUIT; exec "$0" -c "$1"', sys.executable, CHILD_OF_AN_IGNORING_PARENT],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     parent, child = out.split("\n")[0], out.split("SigIgn:")[1].split()[0]
     stop_mask = sum(1 << (int(s) - 1) for s in procs.STOP_SIGNALS)
     assert int(parent, 16) & stop_mask == 0b111  # HUP, INT, QUIT ignored in pathprobe

@@ -36,8 +36,12 @@ class Exporter:
 def exporter(tmp_path: Path) -> Iterator[tuple[Exporter, subprocess.Popen[str]]]:
     ex = Exporter(tmp_path)
     ex.write({})
-    proc = subprocess.Popen([sys.executable, "-m", "pathprobe", "run", "--config", str(ex.path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pathprobe", "run", "--config", str(ex.path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(ex.web, "first scrape", lambda got: peers_shown(got) == {"b"})
         yield ex, proc
@@ -59,10 +63,14 @@ def test_sighup_applies_a_new_member_list_and_drops_the_removed_peer(
     assert got["pathprobe_config_reloads_total", frozenset({("result", "success")})] == 1
     assert got["pathprobe_config_last_reload_successful", frozenset()] == 1
     # c is probed (its RTT probes fail: nothing answers on 127.0.0.3), b's series are gone
-    wait_for(ex.web, "c's RTT probes counted", lambda got: any(
-        n == "pathprobe_probe_runs_total" and ("peer", "c") in ls and ("probe", "rtt") in ls and v > 0
-        for (n, ls), v in got.items()
-    ))  # fmt: skip
+    wait_for(
+        ex.web,
+        "c's RTT probes counted",
+        lambda got: any(
+            n == "pathprobe_probe_runs_total" and ("peer", "c") in ls and ("probe", "rtt") in ls and v > 0
+            for (n, ls), v in got.items()
+        ),
+    )
     assert not [ls for _, ls in samples(ex.web) if ("peer", "b") in ls]
     assert proc.poll() is None
 
@@ -77,8 +85,11 @@ def test_a_bad_config_is_refused_with_its_place_counted_and_the_old_one_kept(
     ex.write({"web": {"listen": f"127.0.0.1:{unused_port()}", "enable_lifecycle": True}})
     status, body = request(ex.web, "POST", "/-/reload")
     assert status == 500 and "web changed: only a restart applies them" in body, body
-    got = wait_for(ex.web, "two failed reloads", lambda got: got.get(
-        ("pathprobe_config_reloads_total", frozenset({("result", "failure")}))) == 2)  # fmt: skip
+    got = wait_for(
+        ex.web,
+        "two failed reloads",
+        lambda got: got.get(("pathprobe_config_reloads_total", frozenset({("result", "failure")}))) == 2,
+    )
     assert got["pathprobe_config_last_reload_successful", frozenset()] == 0
     assert peers_shown(got) == {"b"}
     assert request(ex.web, "GET", "/-/reload")[0] == 405
@@ -90,8 +101,12 @@ def test_a_bad_config_is_refused_with_its_place_counted_and_the_old_one_kept(
 def test_the_reload_endpoint_is_off_unless_enabled(tmp_path: Path) -> None:
     ex = Exporter(tmp_path)
     ex.write({"web": {"listen": f"127.0.0.1:{ex.web}"}})
-    proc = subprocess.Popen([sys.executable, "-m", "pathprobe", "run", "--config", str(ex.path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pathprobe", "run", "--config", str(ex.path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(ex.web, "first scrape", lambda got: peers_shown(got) == {"b"})
         assert request(ex.web, "POST", "/-/reload")[0] == 403
@@ -106,13 +121,20 @@ def test_an_epoch_ten_years_ahead_is_logged_at_start_and_reload_and_the_exporter
     ex = Exporter(tmp_path)
     epoch = time.time() + 10 * 365 * 86400
     ex.write({"mesh": {"epoch": epoch}})
-    proc = subprocess.Popen([sys.executable, "-m", "pathprobe", "run", "--config", str(ex.path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pathprobe", "run", "--config", str(ex.path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(ex.web, "first scrape", lambda got: peers_shown(got) == {"b"})
         proc.send_signal(signal.SIGHUP)
-        wait_for(ex.web, "the reload", lambda got: got.get(
-            ("pathprobe_config_reloads_total", frozenset({("result", "success")}))) == 1)  # fmt: skip
+        wait_for(
+            ex.web,
+            "the reload",
+            lambda got: got.get(("pathprobe_config_reloads_total", frozenset({("result", "success")}))) == 1,
+        )
         assert proc.poll() is None
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -137,8 +159,12 @@ def test_a_sighup_while_the_exporter_starts_is_kept_for_then(tmp_path: Path) -> 
     management tool reloading right after starting it) used to kill it."""
     ex = Exporter(tmp_path)
     ex.write({})
-    proc = subprocess.Popen([sys.executable, "-m", "pathprobe", "run", "--config", str(ex.path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pathprobe", "run", "--config", str(ex.path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 10
         while not catches_sighup(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
@@ -146,10 +172,34 @@ def test_a_sighup_while_the_exporter_starts_is_kept_for_then(tmp_path: Path) -> 
         with pytest.raises(OSError):  # still starting: /metrics does not answer yet
             request(ex.web, "GET", "/metrics")
         proc.send_signal(signal.SIGHUP)
-        wait_for(ex.web, "the reload the early SIGHUP asked for", lambda got: got.get(
-            ("pathprobe_config_reloads_total", frozenset({("result", "success")}))) == 1)  # fmt: skip
+        wait_for(
+            ex.web,
+            "the reload the early SIGHUP asked for",
+            lambda got: got.get(("pathprobe_config_reloads_total", frozenset({("result", "success")}))) == 1,
+        )
         assert proc.poll() is None and peers_shown(samples(ex.web)) == {"b"}
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=15)
     assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
+
+
+def test_a_reload_shows_on_metrics_as_it_applies_not_at_the_next_render(tmp_path: Path) -> None:
+    """With renders 15 s apart (web.refresh_seconds at its most), a reload that swaps a peer shows on
+    the next scrape after it applies: the snapshot is rendered again then, not at its timer."""
+    ex = Exporter(tmp_path)
+    ex.base["web"] = {**ex.base["web"], "refresh_seconds": 15}
+    ex.write({})
+    proc = subprocess.Popen([sys.executable, "-m", "pathprobe", "run", "--config", str(ex.path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait_for(ex.web, "first scrape", lambda got: peers_shown(got) == {"b"})
+        rendered = time.monotonic()  # that scrape rendered; the timer's next render is 15 s on
+        ex.write({"peers": [{"name": "c", "address": "127.0.0.3", "region": "r2", "path_class": "inter_region"}]})
+        proc.send_signal(signal.SIGHUP)
+        wait_for(ex.web, "peer c instead of b", lambda got: peers_shown(got) == {"c"}, seconds=15)
+        assert time.monotonic() - rendered < 12  # the reload's own time, well before the timer's render
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0 and "Traceback" not in err, err[-2000:]

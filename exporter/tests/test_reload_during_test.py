@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from loopback_mesh import peers_shown, request, samples, unused_port, wait_for
+from loopback_mesh import peers_shown, request, samples, serve, unused_port, wait_for
 
 SLOT = 20.0  # one UDP test of 8 s and its margin in each half
 TEST_SECONDS = 8.0
@@ -37,11 +37,7 @@ def iperf3_clients_of(pid: int) -> list[str]:
 @pytest.fixture
 def h1(tmp_path: Path) -> Iterator[dict[str, object]]:
     ports = {"rr_port": unused_port(), "echo_port": unused_port(), "iperf3_port": unused_port()}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pathprobe", "serve", "--listen", "127.0.0.2", "--rr-port", str(ports["rr_port"]),
-         "--echo-port", str(ports["echo_port"]), "--iperf3-port", str(ports["iperf3_port"])],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    proc = serve("127.0.0.2", ports)
     try:
         yield {"name": "h1", "address": "127.0.0.2", "region": "r2", "path_class": "inter_region", **ports}
     finally:
@@ -55,20 +51,28 @@ def test_a_peer_removed_while_its_test_runs_leaves_metrics_answering(tmp_path: P
         "host": {"name": "h0", "address": "127.0.0.1", "region": "r1"},
         "peers": [h1],
         "probes": {
-            "throughput": {"protocols": ["udp"], "streams": [1], "udp_bitrate": "10M",
-                           "duration_seconds": TEST_SECONDS, "omit_seconds": 0},
-            "rtt": {"interval_seconds": 0.5}, "loss": {"rate_pps": 2}, "mtu": {"enabled": False},
+            "throughput": {
+                "protocols": ["udp"],
+                "streams": [1],
+                "udp_bitrate": "10M",
+                "duration_seconds": TEST_SECONDS,
+                "omit_seconds": 0,
+            },
+            "rtt": {"interval_seconds": 0.5},
+            "loss": {"rate_pps": 2},
+            "mtu": {"enabled": False},
         },
         "schedule": {"slot_seconds": SLOT, "jitter_seconds": 0, "timeout_margin_seconds": 1},
         "responders": {"listen": "127.0.0.1", "rr_port": unused_port(), "echo_port": unused_port()},
         "iperf3": {"port": unused_port()},
         "web": {"listen": f"127.0.0.1:{web}"},
         "budget": {"state_file": str(tmp_path / "budget.json")},
-    }  # fmt: skip
+    }
     path.write_text(yaml.safe_dump(base, sort_keys=False))
     log = (tmp_path / "exporter.log").open("w+")
-    proc = subprocess.Popen([sys.executable, "-m", "pathprobe", "run", "--config", str(path)],
-                            stdout=subprocess.DEVNULL, stderr=log)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pathprobe", "run", "--config", str(path)], stdout=subprocess.DEVNULL, stderr=log
+    )
     try:
         wait_for(web, "first scrape", lambda got: ("pathprobe_schedule_members", frozenset()) in got)
         deadline = time.monotonic() + 2 * SLOT

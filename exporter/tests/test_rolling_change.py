@@ -33,16 +33,23 @@ def address(host: str) -> str:
 
 
 def config(tmp_path: Path, host: str, members: list[str], epoch: float | None = None) -> Config:
-    return Config.model_validate({
-        "host": {"name": host, "address": address(host), "region": "r1"},
-        "peers": [{"name": p, "address": address(p), "region": "r1", "path_class": "intra_region"}
-                  for p in members if p != host],
-        "schedule": {"slot_seconds": SLOT, "jitter_seconds": 0.5, "timeout_margin_seconds": 1},
-        "probes": {"throughput": {"streams": [1], "duration_seconds": 1, "omit_seconds": 0}},
-        "mesh": {"epoch": datetime.fromtimestamp(epoch, UTC)} if epoch is not None else {},
-        "budget": {"state_file": str(tmp_path / f"{host}-budget.json")},
-        "tcp_rmem_max_bytes": 6291456, "tcp_wmem_max_bytes": 4194304, "tcp_window_share": 0.5,
-    })  # fmt: skip
+    return Config.model_validate(
+        {
+            "host": {"name": host, "address": address(host), "region": "r1"},
+            "peers": [
+                {"name": p, "address": address(p), "region": "r1", "path_class": "intra_region"}
+                for p in members
+                if p != host
+            ],
+            "schedule": {"slot_seconds": SLOT, "jitter_seconds": 0.5, "timeout_margin_seconds": 1},
+            "probes": {"throughput": {"streams": [1], "duration_seconds": 1, "omit_seconds": 0}},
+            "mesh": {"epoch": datetime.fromtimestamp(epoch, UTC)} if epoch is not None else {},
+            "budget": {"state_file": str(tmp_path / f"{host}-budget.json")},
+            "tcp_rmem_max_bytes": 6291456,
+            "tcp_wmem_max_bytes": 4194304,
+            "tcp_window_share": 0.5,
+        }
+    )
 
 
 @dataclass
@@ -71,17 +78,30 @@ class StandInTest:
             fleet.cut.append((now, self.client, self.server, "not_running"))
             return "refused"
         admitted = server.iperf3_admission(address(self.client))
-        if admitted != "ok" or server.rooms.host.iperf3_serving:
+        if admitted != "ok" or server.iperf3.serving:
             fleet.cut.append((now, self.client, self.server, "busy" if admitted == "ok" else admitted))
             return "busy" if admitted == "ok" else "out_of_turn"
-        server.rooms.host.set_iperf3_serving(True)
+        server.iperf3.set_serving(True)
         try:
             await fleet.virtual.sleep(self.test.duration_seconds)
         finally:
-            server.rooms.host.set_iperf3_serving(False)
+            server.iperf3.set_serving(False)
         fleet.ran.append((now, fleet.virtual.time(), self.client, self.server))
-        return ThroughputResult("tcp", 1, "send", self.test.duration_seconds, 0, None, None, 50e6, 50e6,
-                                10**6, retransmits=0, sender_rtt_seconds=None, timestamp=now)  # fmt: skip
+        return ThroughputResult(
+            "tcp",
+            1,
+            "send",
+            self.test.duration_seconds,
+            0,
+            None,
+            None,
+            50e6,
+            50e6,
+            10**6,
+            retransmits=0,
+            sender_rtt_seconds=None,
+            timestamp=now,
+        )
 
 
 def start(fleet: Fleet, cfg: Config, tasks: list[asyncio.Task[None]]) -> None:
@@ -148,7 +168,7 @@ def test_a_turn_that_waits_for_a_busy_server_is_skipped_at_its_end(tmp_path: Pat
         for h in HOSTS[:3]:
             start(fleet, config(tmp_path, h, HOSTS[:3]), tasks)
         client = fleet.exporters["h0"]
-        client.rooms.host.set_iperf3_serving(True)  # and never done
+        client.iperf3.set_serving(True)  # and never done
         await fleet.virtual.drive(tasks, lambda: fleet.virtual.time() >= START + 3 * 3 * SLOT)
         for task in tasks:
             task.cancel()

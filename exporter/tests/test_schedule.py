@@ -108,8 +108,11 @@ def test_a_rolling_change_of_members_never_puts_a_host_in_two_tests() -> None:
         before = Timetable(old)
         after = before.then(new, epoch, reloaded_at[h])
         intervals += turns_between(before, h, start, reloaded_at[h])
-        intervals += [i for i in turns_between(after, h, reloaded_at[h], epoch + 2 * new.rotation_seconds)
-                      if i[0] >= reloaded_at[h]]  # fmt: skip
+        intervals += [
+            i
+            for i in turns_between(after, h, reloaded_at[h], epoch + 2 * new.rotation_seconds)
+            if i[0] >= reloaded_at[h]
+        ]
     fresh = Timetable(new, epoch)  # the new host, started before the epoch
     joined = turns_between(fresh, "host-005", start, epoch + 2 * new.rotation_seconds)
     assert joined and min(i[0] for i in joined) >= epoch

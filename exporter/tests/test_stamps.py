@@ -15,9 +15,11 @@ def test_a_wall_clock_step_falls_back_to_the_monotonic_interval() -> None:
     assert backwards == too_long == pytest.approx(0.0085)
 
 
-def test_a_hold_beyond_the_round_trip_cannot_make_it_negative() -> None:
-    assert network_rtt(0, 8_000_000, 0.009, 50_000_000) == 0.0
-    assert network_rtt(0, 8_000_000, 0.009, -5) == pytest.approx(0.008)
+def test_a_hold_at_or_beyond_the_round_trip_makes_no_sample() -> None:
+    assert network_rtt(0, 8_000_000, 0.009, 50_000_000) is None
+    assert network_rtt(0, 8_000_000, 0.009, 8_000_000) is None  # an RTT of 0 is none either
+    assert network_rtt(0, 8_000_000, 0.009, 7_000_000) == pytest.approx(0.001)
+    assert network_rtt(0, 8_000_000, 0.009, 0) == pytest.approx(0.008)
 
 
 def test_the_clock_offset_of_a_symmetric_exchange_is_exact() -> None:

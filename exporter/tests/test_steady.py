@@ -15,6 +15,7 @@ from loopback_mesh import unused_port
 
 from pathprobe import sockdiag
 from pathprobe.probes import ProbeFailure, Target, ThroughputProber, ThroughputTest
+from pathprobe.probes.iperf3_run import Part, SteadyState, summed_intervals
 from pathprobe.probes.steady import (
     Detector,
     Interval,
@@ -26,7 +27,6 @@ from pathprobe.probes.steady import (
     sender_rtt,
     wire_bytes,
 )
-from pathprobe.probes.throughput import _SteadyState
 
 # iperf3 3.12, -P 2 -i 0.2 -f k, on loopback.
 LINES = """\
@@ -115,8 +115,14 @@ def stand_in(tmp_path: Path, rates: list[int], exit_line: str = "exit 0") -> str
 
 
 def run(binary: str, duration: float) -> ThroughputTest | ProbeFailure:
-    test = ThroughputTest(duration_seconds=duration, omit_seconds=1, steady_state=Detector(), rtt_hint_seconds=0.01,
-                          binary=binary, margin_seconds=3)  # fmt: skip
+    test = ThroughputTest(
+        duration_seconds=duration,
+        omit_seconds=1,
+        steady_state=Detector(),
+        rtt_hint_seconds=0.01,
+        binary=binary,
+        margin_seconds=3,
+    )
     # A port nothing listens on: the prober's sampler reads every connection to the target's
     # port (sock_diag), and one of a real iperf3 on this machine would stand in for the test's own.
     target = Target("127.0.0.1", unused_port())
@@ -268,7 +274,7 @@ def test_the_sampler_reads_a_real_connections_acknowledged_bytes(reader: str, mo
 
         monkeypatch.setattr(sockdiag, "tcp_sockets", refused)
 
-    async def go() -> _SteadyState:
+    async def go() -> SteadyState:
         received = 0
 
         async def sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -280,14 +286,18 @@ def test_the_sampler_reads_a_real_connections_acknowledged_bytes(reader: str, mo
         server = await asyncio.start_server(sink, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         idle = await asyncio.create_subprocess_exec("sleep", "5")  # stands in for iperf3 (SIGINT on convergence)
-        watch = _SteadyState(Target("127.0.0.1", port), ThroughputTest(steady_state=Detector()), idle)
+        watch = SteadyState([Part(Target("127.0.0.1", port), ThroughputTest(steady_state=Detector()))], [idle])
         sampling = asyncio.ensure_future(watch.sample())
         _, writer = await asyncio.open_connection("127.0.0.1", port)
         for _ in range(6):
             writer.write(b"x" * 1_000_000)
             await writer.drain()
             await asyncio.sleep(0.1)
-        await asyncio.sleep(0.2)
+        # Until a sample has every byte acknowledged: on a busy machine an `ss` read takes longer than
+        # the writes (one CI run's last sample, 0.2 s after the last write, read 5 of the 6 MB).
+        async with asyncio.timeout(20):
+            while not watch.samples or watch.samples[-1][1] < 6_000_000:
+                await asyncio.sleep(0.05)
         sampling.cancel()
         await asyncio.gather(sampling, return_exceptions=True)
         writer.close()
@@ -346,8 +356,12 @@ def test_sock_diag_reads_what_ss_shows_of_a_real_connection() -> None:
         await writer.drain()
         await reader.readexactly(12_345)
         await asyncio.sleep(0.05)  # the last acknowledgement
-        ss = subprocess.run(["ss", "-tinH", "state", "established", "dst", "127.0.0.1", "dport", f"= :{port}"],
-                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+        ss = subprocess.run(
+            ["ss", "-tinH", "state", "established", "dst", "127.0.0.1", "dport", f"= :{port}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         got = sockdiag.tcp_sockets("127.0.0.1", port)
         assert got == sockdiag.parse_ss(ss)
         # The client's socket alone: 3 MB acknowledged (and its SYN), 12,345 bytes received, and 3 MB
@@ -360,3 +374,100 @@ def test_sock_diag_reads_what_ss_shows_of_a_real_connection() -> None:
         server.close()
 
     asyncio.run(go())
+
+
+def test_a_split_tests_intervals_add_up_by_time_not_by_count() -> None:
+    """Two processes of 2 s: one reported every 0.5 s, the other (its timer woken late) two
+    intervals of 1 s. Added up by count they would end at 1.0 s, short of the test; by time they
+    cover the whole 2 s, each stretch the sum of the rates that ran in it, every retransmit kept."""
+    prompt = [Interval(t / 2, t / 2 + 0.5, 100.0, 1) for t in range(4)]
+    late = [Interval(0.0, 1.0, 10.0, 5), Interval(1.0, 2.0, 20.0, 7)]
+    summed = summed_intervals([prompt, late])
+    assert [(i.start, i.end) for i in summed] == [(0.0, 0.5), (0.5, 1.0), (1.0, 1.5), (1.5, 2.0)]
+    assert [i.bits_per_second for i in summed] == [110.0, 110.0, 120.0, 120.0]
+    assert sum(i.retransmits or 0 for i in summed) == 4 + 5 + 7
+    # As far as every process has come: one still at 1.0 s bounds the sum there.
+    assert summed_intervals([prompt, late[:1]])[-1].end == 1.0
+    # A process that shows no retransmits (a reverse test) leaves them unknown.
+    assert all(i.retransmits is None for i in summed_intervals([prompt, [Interval(0.0, 2.0, 1.0)]]))
+
+
+def test_the_delivered_bytes_end_when_one_process_of_a_split_test_closes_its_streams() -> None:
+    """A test split over two processes (two real loopback servers): once one of them closes its
+    connection, its bytes leave the sockets' sum, so the delivered samples stop there: none counts
+    fewer bytes than the one before, and no interval reads a rate of zero. What both put on the
+    wire is counted to the end, the second's bytes after the first closed included."""
+
+    async def go() -> SteadyState:
+        async def sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while await reader.read(65536):
+                pass
+            writer.close()
+
+        servers = [await asyncio.start_server(sink, "127.0.0.1", 0) for _ in range(2)]
+        ports = [s.sockets[0].getsockname()[1] for s in servers]
+        idle = [await asyncio.create_subprocess_exec("sleep", "5") for _ in ports]  # stand in for iperf3
+        parts = [Part(Target("127.0.0.1", p), ThroughputTest(steady_state=Detector())) for p in ports]
+        watch = SteadyState(parts, idle)
+        sampling = asyncio.ensure_future(watch.sample())
+        writers = [(await asyncio.open_connection("127.0.0.1", p))[1] for p in ports]
+        for _ in range(4):
+            for w in writers:
+                w.write(b"x" * 500_000)
+                await w.drain()
+            await asyncio.sleep(0.1)
+        writers[0].close()  # the first process ends; the second goes on sending
+        await writers[0].wait_closed()
+        for _ in range(4):
+            writers[1].write(b"x" * 500_000)
+            await writers[1].drain()
+            await asyncio.sleep(0.1)
+        async with asyncio.timeout(10):  # until a read of the sampler's has seen every byte sent
+            while watch.sent_bytes() < 12 * 500_000:
+                await asyncio.sleep(0.05)
+        sampling.cancel()
+        await asyncio.gather(sampling, return_exceptions=True)
+        writers[1].close()
+        for s in servers:
+            s.close()
+        for p in idle:
+            p.kill()
+            await p.wait()
+        return watch
+
+    watch = asyncio.run(go())
+    counts = [n for _, n in watch.samples]
+    assert len(counts) >= 3 and counts == sorted(counts), counts
+    assert counts[-1] < 4 * 2 * 500_000 + 500_000  # none after the first process closed
+    assert all(i.bits_per_second > 0 for i in watch.delivered()[1:]), watch.delivered()
+    assert watch.sent_bytes() <= 12 * 500_000 + 2 * 65_536, watch.wire  # what was written, no more
+
+
+def test_the_remotes_on_a_port_from_sock_diag_are_those_proc_net_tcp_lists(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The iperf3 watch's read (responders/iperf3.py): sock_diag filtered by the local port, and
+    # /proc/net/tcp where netlink is refused, give the same addresses, IPv4-mapped ones as IPv4.
+    import ipaddress
+    import socket
+
+    from pathprobe.responders import iperf3
+
+    port, other = unused_port(), unused_port()
+    with (
+        socket.create_server(("::", port), family=socket.AF_INET6, dualstack_ipv6=True) as server,
+        socket.create_server(("127.0.0.1", other)) as elsewhere,
+        socket.create_connection(("127.0.0.1", port)) as client,
+        socket.create_connection(("127.0.0.1", other)),
+    ):
+        accepted, _ = server.accept()
+        with accepted:
+            elsewhere.accept()[0].close()
+            netlink = iperf3._remotes(port, sockdiag.TCP_ESTABLISHED), iperf3.listening(port)
+            assert iperf3.connected(port, "127.0.0.1") and not iperf3.connected(port, "127.0.0.2")
+
+            def refused(*_: object) -> list[object]:
+                raise PermissionError("netlink refused")
+
+            monkeypatch.setattr(sockdiag, "remotes_on_port", refused)
+            proc = iperf3._remotes(port, sockdiag.TCP_ESTABLISHED), iperf3.listening(port)
+            assert netlink == proc == ([ipaddress.ip_address(client.getsockname()[0])], True)
+            assert iperf3.connected(port, "::ffff:127.0.0.1") and not iperf3.connected(other + 1, "127.0.0.1")

@@ -3,7 +3,16 @@ from typing import Any
 import pytest
 from cpu import cpu_seconds
 
-from pathprobe.units import format_bits, parse_duration, parse_quantity, parse_ratio
+from pathprobe.units import (
+    format_bits,
+    format_prometheus_duration,
+    parse_cli_duration,
+    parse_cli_rate,
+    parse_duration,
+    parse_packet_rate,
+    parse_quantity,
+    parse_ratio,
+)
 
 
 @pytest.mark.parametrize(
@@ -68,3 +77,41 @@ def test_a_long_string_is_refused_at_once(parse: Any) -> None:
             parse(long, "what")
 
     assert cpu_seconds(refuse, reps=5) < 1000 * cpu_seconds(lambda: parse("1", "what"), reps=5)
+
+
+@pytest.mark.parametrize(
+    ("text", "unit", "says"),
+    [
+        ("8", "ms", "'8' has no unit; write e.g. 8ms or 0.008s"),
+        ("10", "s", "'10' has no unit; write e.g. 10s or 10000ms"),
+        ("2", "us", "'2' has no unit; write e.g. 2us or 0.000002s"),
+        (" 1.5 ", "s", "'1.5' has no unit; write e.g. 1.5s or 1500ms"),
+    ],
+)
+def test_a_duration_on_the_command_line_needs_its_unit(text: str, unit: str, says: str) -> None:
+    with pytest.raises(ValueError, match=f"^--x: {says}$"):
+        parse_cli_duration(text, "--x", unit)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("8ms", 0.008), ("250us", 250e-6), ("1m", 60), ("2h", 7200), ("1d", 86400), ("0", 0)]
+)
+def test_a_duration_with_its_unit_is_read(text: str, seconds: float) -> None:
+    assert parse_cli_duration(text, "--x") == pytest.approx(seconds)
+
+
+def test_a_rate_on_the_command_line_needs_a_prefix_or_a_unit() -> None:
+    with pytest.raises(ValueError, match=r"'500' has no unit; write e.g. 500M or 500Mbit/s"):
+        parse_cli_rate("500", "-b")
+    assert parse_cli_rate("500M", "-b") == parse_cli_rate("500Mbit/s", "-b") == 500e6
+    assert parse_cli_rate("9600bit/s", "-b") == 9600
+    with pytest.raises(ValueError, match=r"'50' has no unit; write e.g. 50/s"):
+        parse_packet_rate("50", "--rate")
+    assert parse_packet_rate("50/s", "--rate") == parse_packet_rate("50pps", "--rate") == 50
+    with pytest.raises(ValueError, match="cannot read '50 Hz'"):
+        parse_packet_rate("50 Hz", "--rate")
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(60, "1m"), (90, "90s"), (7200, "2h"), (1.5, "1500ms"), (0, "0ms")])
+def test_prometheus_durations_are_whole_units(seconds: float, text: str) -> None:
+    assert format_prometheus_duration(seconds) == text

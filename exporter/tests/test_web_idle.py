@@ -40,10 +40,14 @@ def web_config(tmp_path: Path, port: int, secured: bool) -> dict[str, object]:
     web: dict[str, object] = {"listen": f"127.0.0.1:{port}"}
     if secured:
         cert, key = tls_files(tmp_path)
-        (tmp_path / "web.yml").write_text(yaml.safe_dump({
-            "tls_server_config": {"cert_file": str(cert), "key_file": str(key)},
-            "basic_auth_users": {USER: bcrypt_hash(PASSWORD)},
-        }))  # fmt: skip
+        (tmp_path / "web.yml").write_text(
+            yaml.safe_dump(
+                {
+                    "tls_server_config": {"cert_file": str(cert), "key_file": str(key)},
+                    "basic_auth_users": {USER: bcrypt_hash(PASSWORD)},
+                }
+            )
+        )
         web["config_file"] = str(tmp_path / "web.yml")
     return web
 
@@ -54,17 +58,25 @@ def exporter(tmp_path: Path, secured: bool) -> Iterator[int]:
     cfg = {
         "host": {"name": "a", "address": "127.0.0.1", "region": "r1"},
         "peers": [{"name": "b", "address": "127.0.0.2", "region": "r2", "path_class": "inter_region"}],
-        "probes": {"throughput": {"enabled": False}, "rtt": {"enabled": False}, "loss": {"enabled": False},
-                   "mtu": {"enabled": False}},
+        "probes": {
+            "throughput": {"enabled": False},
+            "rtt": {"enabled": False},
+            "loss": {"enabled": False},
+            "mtu": {"enabled": False},
+        },
         "responders": {"listen": "127.0.0.1", "rr_port": unused_port(), "echo_port": unused_port()},
         "iperf3": {"port": unused_port()},
         "web": web_config(tmp_path, port, secured),
         "budget": {"state_file": str(tmp_path / "budget.json")},
-    }  # fmt: skip
+    }
     path = tmp_path / "pathprobe.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    proc = subprocess.Popen([sys.executable, "-m", "pathprobe", "run", "--config", str(path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pathprobe", "run", "--config", str(path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 20
         while True:

@@ -27,11 +27,19 @@ if shutil.which("prometheus") is None or shutil.which("openssl") is None:
 
 
 def web_config(path: Path, certs: dict[str, Path], password: str) -> None:
-    path.write_text(yaml.safe_dump({
-        "tls_server_config": {"cert_file": str(certs["server"]), "key_file": str(certs["server_key"]),
-                              "client_ca_file": str(certs["ca"]), "client_auth_type": "RequireAndVerifyClientCert"},
-        "basic_auth_users": {"prom": bcrypt_hash(password)},
-    }))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "tls_server_config": {
+                    "cert_file": str(certs["server"]),
+                    "key_file": str(certs["server_key"]),
+                    "client_ca_file": str(certs["ca"]),
+                    "client_auth_type": "RequireAndVerifyClientCert",
+                },
+                "basic_auth_users": {"prom": bcrypt_hash(password)},
+            }
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -42,19 +50,41 @@ def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     web_config(web, certs, "s3cret")
     port = unused_port()
     cfg = d / "pathprobe.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "host": {"name": "a", "address": "127.0.0.1", "region": "r1"},
-        "peers": [{"name": "b", "address": "127.0.0.2", "region": "r2", "path_class": "inter_region"}],
-        "probes": {"throughput": {"enabled": False}, "rtt": {"interval_seconds": 1}, "loss": {"rate_pps": 1},
-                   "mtu": {"enabled": False}},
-        "responders": {"listen": "127.0.0.1", "rr_port": unused_port(), "echo_port": unused_port()},
-        "iperf3": {"port": unused_port()},
-        "web": {"listen": f"127.0.0.1:{port}"},
-        "budget": {"state_file": str(d / "budget.json")},
-    }))  # fmt: skip
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "host": {"name": "a", "address": "127.0.0.1", "region": "r1"},
+                "peers": [{"name": "b", "address": "127.0.0.2", "region": "r2", "path_class": "inter_region"}],
+                "probes": {
+                    "throughput": {"enabled": False},
+                    "rtt": {"interval_seconds": 1},
+                    "loss": {"rate_pps": 1},
+                    "mtu": {"enabled": False},
+                },
+                "responders": {"listen": "127.0.0.1", "rr_port": unused_port(), "echo_port": unused_port()},
+                "iperf3": {"port": unused_port()},
+                "web": {"listen": f"127.0.0.1:{port}"},
+                "budget": {"state_file": str(d / "budget.json")},
+            }
+        )
+    )
     log = (d / "exporter.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "pathprobe", "--log.format", "json", "run", "--config", str(cfg),
-                             "--web.config.file", str(web)], stdout=subprocess.DEVNULL, stderr=log)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pathprobe",
+            "--log.format",
+            "json",
+            "run",
+            "--config",
+            str(cfg),
+            "--web.config.file",
+            str(web),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
     info = {"dir": d, "certs": certs, "web": web, "port": port, "proc": proc, "log": d / "exporter.log"}
     try:
         until("the exporter's TLS port", lambda: get(info, "/-/healthy")[0] == 200)
@@ -88,12 +118,16 @@ def test_prometheus_scrapes_it_with_the_client_certificate_and_the_password(expo
     d, certs = exporter["dir"], exporter["certs"]
     (d / "password").write_text("s3cret")
     scrape = {
-        "job_name": "pathprobe", "scheme": "https",
+        "job_name": "pathprobe",
+        "scheme": "https",
         "static_configs": [{"targets": [f"127.0.0.1:{exporter['port']}"]}],
-        "tls_config": {"ca_file": str(certs["ca"]), "cert_file": str(certs["client"]),
-                       "key_file": str(certs["client_key"])},
+        "tls_config": {
+            "ca_file": str(certs["ca"]),
+            "cert_file": str(certs["client"]),
+            "key_file": str(certs["client_key"]),
+        },
         "basic_auth": {"username": "prom", "password_file": str(d / "password")},
-    }  # fmt: skip
+    }
     with prometheus(d, [scrape]) as url:
         up = until("up == 1 in Prometheus", lambda: api(url, "query", query='up{job="pathprobe"} == 1')["result"])
         assert up[0]["metric"]["instance"] == f"127.0.0.1:{exporter['port']}"
@@ -133,8 +167,10 @@ def test_a_changed_users_file_takes_effect_without_a_restart(exporter: dict[str,
     assert get(exporter, "/metrics", "s3cret")[0] == 401
     web.write_text("basic_auth_users: {prom: not-a-hash}\n")  # broken: the last good file stays
     exporter["proc"].send_signal(signal.SIGHUP)  # at once, without waiting for the next look at the files
-    until("the failure counted", lambda: b'pathprobe_web_config_reloads_total{result="failure"} 1'
-          in get(exporter, "/metrics", "rotated")[1])  # fmt: skip
+    until(
+        "the failure counted",
+        lambda: b'pathprobe_web_config_reloads_total{result="failure"} 1' in get(exporter, "/metrics", "rotated")[1],
+    )
     assert get(exporter, "/metrics", "s3cret")[0] == 401
     assert b"pathprobe_web_config_last_reload_successful 0" in get(exporter, "/metrics", "rotated")[1]
     web_config(web, certs, "s3cret")

@@ -48,9 +48,12 @@ def write(path: Path, text: str) -> Path:
 
 
 def test_a_bad_hash_an_unknown_key_and_an_unsupported_one_name_their_line(tmp_path: Path) -> None:
-    web = write(tmp_path / "web.yml", "basic_auth_users:\n  prom: hunter2\nhttp_server_config: {http2: true}\n")
+    web = write(
+        tmp_path / "web.yml", "basic_auth_users:\n  prom: hunter2\nhttp_server_config:\n  headers: {Server: x}\n"
+    )
     found = problems(web)
-    assert any(p.startswith(f"{web}:1: ") and "http_server_config" in p and "does not implement" in p for p in found)
+    assert any(p.startswith(f"{web}:2: ") and "not a bcrypt hash" in p for p in found), found
+    assert any(p.startswith(f"{web}:4: ") and 'HTTP header "Server" can not be configured' in p for p in found), found
     web = write(tmp_path / "web.yml", f"basic_auth_users:\n  ok: '{bcrypt_hash('x')}'\n  prom: hunter2\n")
     found = problems(web)
     assert len(found) == 1 and found[0].startswith(f"{web}:3: basic_auth_users.prom: not a bcrypt hash"), found
@@ -58,16 +61,21 @@ def test_a_bad_hash_an_unknown_key_and_an_unsupported_one_name_their_line(tmp_pa
     assert problems(web) == [f"{web}:4: tls_server_config.ciphers: Extra inputs are not permitted"]
 
 
-@pytest.mark.parametrize(("tls", "says"), [
-    ({"client_auth_type": "RequireAnyClientCert"}, "RequireAnyClientCert (any certificate, none verified) is not"),
-    ({"client_auth_type": "RequireAndVerifyClientCert"}, "needs client_ca_file"),
-    ({"client_auth_type": "VerifyClientCertIfGiven"}, "needs client_ca_file"),
-    ({"client_ca_file": "ca.pem"}, "client_ca_file is set but client_auth_type is NoClientCert"),
-    ({"min_version": "TLS13", "max_version": "TLS12"}, "min_version TLS13 is above max_version TLS12"),
-    ({"min_version": "TLS10"}, "Input should be 'TLS12' or 'TLS13'"),
-    ({"client_auth_type": "Sometimes"}, "Input should be 'NoClientCert'"),
-    ({"client_allowed_sans": ["a"]}, "client_allowed_sans: part of exporter-toolkit's web config format"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("tls", "says"),
+    [
+        ({"client_auth_type": "RequireAnyClientCert"}, "RequireAnyClientCert (any certificate, none verified) is not"),
+        ({"client_auth_type": "RequireClientCert"}, "RequireClientCert (any certificate, none verified) is not"),
+        ({"min_version": "TLS13", "max_version": "TLS12"}, "min_version TLS13 is above max_version TLS12"),
+        ({"min_version": "TLS111"}, "unknown TLS version: TLS111"),
+        ({"client_auth_type": "Sometimes"}, "invalid ClientAuth: Sometimes"),
+        ({"cipher_suites": ["TLS_RSA_WITH_RC4_128_SHA"]}, "unknown cipher: TLS_RSA_WITH_RC4_128_SHA"),
+        ({"curve_preferences": ["CurveP257"]}, "unknown curve: CurveP257"),
+        ({"curve_preferences": ["X25519", "CurveP256"]}, "curve_preferences lists several curves"),
+        ({"cert_file": ""}, "missing one of cert or cert_file"),
+        ({"key_file": ""}, "missing one of key or key_file"),
+    ],
+)
 def test_incoherent_tls_settings_are_refused_by_name(tmp_path: Path, tls: dict[str, Any], says: str) -> None:
     web = tmp_path / "web.yml"
     web.write_text(yaml.safe_dump({"tls_server_config": {"cert_file": "c.pem", "key_file": "k.pem", **tls}}))
@@ -79,16 +87,20 @@ def test_files_are_relative_to_the_web_config_and_checked(tmp_path: Path, certs:
     for name in ("server", "server_key", "ca"):
         shutil.copy(certs[name], tmp_path / certs[name].name)
     web = tmp_path / "web.yml"
-    web.write_text("tls_server_config:\n  cert_file: server.pem\n  key_file: server-key.pem\n"
-                   "  client_ca_file: ca.pem\n  client_auth_type: RequireAndVerifyClientCert\n"
-                   "  min_version: TLS13\n")  # fmt: skip
+    web.write_text(
+        "tls_server_config:\n  cert_file: server.pem\n  key_file: server-key.pem\n"
+        "  client_ca_file: ca.pem\n  client_auth_type: RequireAndVerifyClientCert\n"
+        "  min_version: TLS13\n"
+    )
     access = webconfig.load(web)
     assert access.ssl_context is not None and access.ssl_context.verify_mode == ssl.CERT_REQUIRED
     assert access.ssl_context.minimum_version == ssl.TLSVersion.TLSv1_3
     assert set(access.files) == {web, tmp_path / "server.pem", tmp_path / "server-key.pem", tmp_path / "ca.pem"}
     (tmp_path / "ca.pem").unlink()
-    assert problems(web) == [f"{web}:4: tls_server_config.client_ca_file: cannot read {tmp_path / 'ca.pem'}: "
-                             "No such file or directory"]  # fmt: skip
+    assert problems(web) == [
+        f"{web}:4: tls_server_config.client_ca_file: failed to read client_ca_file ({tmp_path / 'ca.pem'}): "
+        "no such file or directory"
+    ]
     shutil.copy(certs["ca"], tmp_path / "ca.pem")
     shutil.copy(certs["client_key"], tmp_path / "server-key.pem")  # a key of another certificate
     found = problems(web)
@@ -97,9 +109,17 @@ def test_files_are_relative_to_the_web_config_and_checked(tmp_path: Path, certs:
 
 def test_request_client_cert_asks_nothing_it_would_not_use(tmp_path: Path, certs: dict[str, Path]) -> None:
     web = tmp_path / "web.yml"
-    web.write_text(yaml.safe_dump({"tls_server_config": {
-        "cert_file": str(certs["server"]), "key_file": str(certs["server_key"]),
-        "client_auth_type": "RequestClientCert"}}))  # fmt: skip
+    web.write_text(
+        yaml.safe_dump(
+            {
+                "tls_server_config": {
+                    "cert_file": str(certs["server"]),
+                    "key_file": str(certs["server_key"]),
+                    "client_auth_type": "RequestClientCert",
+                }
+            }
+        )
+    )
     context = webconfig.load(web).ssl_context
     assert context is not None and context.verify_mode == ssl.CERT_NONE
 
@@ -139,8 +159,9 @@ def test_a_changed_file_is_read_at_most_every_few_seconds_and_a_bad_one_keeps_th
 
 def test_tls_cannot_be_dropped_or_added_by_a_change(tmp_path: Path, certs: dict[str, Path]) -> None:
     web = tmp_path / "web.yml"
-    web.write_text(yaml.safe_dump({"tls_server_config": {"cert_file": str(certs["server"]),
-                                                         "key_file": str(certs["server_key"])}}))  # fmt: skip
+    web.write_text(
+        yaml.safe_dump({"tls_server_config": {"cert_file": str(certs["server"]), "key_file": str(certs["server_key"])}})
+    )
     source = WebConfigSource(web)
     web.write_text("basic_auth_users: {}\n")
     problem = source.reload()
@@ -201,20 +222,25 @@ def test_healthy_ready_and_the_landing_page(tmp_path: Path) -> None:
         assert call(app, "/-/ready") == ("200 OK", b"pathprobe is ready.\n")
         assert call(app, "/")[0].startswith("401")  # the rest asks for the password
         status, page = call(app, "/", basic("prom", "s3cret"))
-        assert status == "200 OK" and f"Version {build.__version__}".encode() in page
+        assert status == "200 OK" and f"Version {build.VERSION}".encode() in page
         assert all(f'href="{p}"'.encode() in page for p in ("/metrics", "/-/healthy", "/-/ready"))
     finally:
         snapshot.close()
 
 
-def test_the_revision_is_what_the_build_wrote(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(sys.modules, "pathprobe._build", raising=False)
-    assert build.revision() == "unknown"  # a checkout installed in place has no _build.py
-    baked = types.ModuleType("pathprobe._build")
-    baked.REVISION = "0123abcd"  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "pathprobe._build", baked)
+def test_the_version_and_revision_are_what_the_build_wrote(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pathprobe._version", None)  # no version file: its import fails
+    assert build.stamp() == ("0+unknown", "unknown")
+    baked = types.ModuleType("pathprobe._version")
+    baked.VERSION, baked.NODE, baked.DIRTY = "1.2.3", "g0123abcd", False  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pathprobe._version", baked)
+    assert build.stamp() == ("1.2.3", "0123abcd")  # git's node: "g" and the commit
+    baked.DIRTY = True  # type: ignore[attr-defined]
+    assert build.stamp() == ("1.2.3", "0123abcd-dirty")
+    baked.NODE, baked.DIRTY = "fedc0123", False  # type: ignore[attr-defined]  # the image's build argument
+    assert build.stamp() == ("1.2.3", "fedc0123")
     labels = build.labels()
-    assert labels["revision"] == "0123abcd" and labels["version"] == build.__version__
+    assert (labels["version"], labels["revision"]) == (build.VERSION, build.revision())
     assert labels["python_version"].startswith(f"{sys.version_info.major}.{sys.version_info.minor}.")
 
 
@@ -252,11 +278,15 @@ def test_log_flags_and_their_old_spelling(monkeypatch: pytest.MonkeyPatch, tmp_p
 def test_check_config_checks_the_web_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     web = write(tmp_path / "web.yml", "basic_auth_users:\n  prom: plaintext\n")
     cfg = tmp_path / "pathprobe.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "host": {"name": "a", "address": "127.0.0.1", "region": "r1"},
-        "peers": [{"name": "b", "address": "127.0.0.2", "region": "r2", "path_class": "inter_region"}],
-        "web": {"listen": "127.0.0.1:0", "config_file": str(web)},
-    }))  # fmt: skip
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "host": {"name": "a", "address": "127.0.0.1", "region": "r1"},
+                "peers": [{"name": "b", "address": "127.0.0.2", "region": "r2", "path_class": "inter_region"}],
+                "web": {"listen": "127.0.0.1:0", "config_file": str(web)},
+            }
+        )
+    )
     assert main(["check-config", str(cfg)]) == 2
     assert f"{web}:2: basic_auth_users.prom: not a bcrypt hash" in capsys.readouterr().err
     good = write(tmp_path / "good.yml", f"basic_auth_users:\n  prom: '{bcrypt_hash('x')}'\n")
@@ -277,7 +307,31 @@ def test_check_web_config_alone(tmp_path: Path, capsys: pytest.CaptureFixture[st
     web = write(tmp_path / "web.yml", f"basic_auth_users: {{prom: '{bcrypt_hash('x')}'}}\n")
     assert main(["check-web-config", str(web)]) == 0
     assert capsys.readouterr().out == f"{web}: ok (plain HTTP; basic auth users: prom)\n"
-    write(web, "basic_auth_users: {prom: x}\nrate_limit: {burst: 1}\n")
+    write(web, "basic_auth_users: {prom: x}\nrate_limit: {burst: 1, interval: 1x}\n")
     assert main(["check-web-config", str(web)]) == 2
     err = capsys.readouterr().err
-    assert f"{web}:1: (top level): rate_limit: part of exporter-toolkit" in err
+    assert f"{web}:2: rate_limit.interval: not a duration: '1x'" in err, err
+
+
+def test_an_empty_web_config_file_name_is_no_file_as_the_toolkits_flag() -> None:
+    from pathprobe.commands.run import web_config_file
+    from pathprobe.config import WebSettings
+
+    cfg: Any = types.SimpleNamespace(web=WebSettings(config_file=Path("web.yml")))
+    assert web_config_file(types.SimpleNamespace(web_config_file=""), cfg) is None  # type: ignore[arg-type]
+    assert web_config_file(types.SimpleNamespace(web_config_file="w.yml"), cfg) == Path("w.yml")  # type: ignore[arg-type]
+    assert web_config_file(types.SimpleNamespace(web_config_file=None), cfg) == Path("web.yml")  # type: ignore[arg-type]
+    assert WebSettings.model_validate({"config_file": ""}).config_file is None
+
+
+def test_a_rate_limit_lets_a_burst_through_then_one_per_interval() -> None:
+    now = [0.0]
+    limiter = webconfig.RateLimiter(
+        webconfig.RateLimit.model_validate({"burst": 2, "interval": "1s"}), clock=lambda: now[0]
+    )
+    assert [limiter.allow() for _ in range(3)] == [True, True, False]
+    now[0] = 0.5
+    assert not limiter.allow()
+    now[0] = 1.01
+    assert limiter.allow() and not limiter.allow()
+    assert webconfig.RateLimit.model_validate({"interval": "1m30s"}).interval == 90.0

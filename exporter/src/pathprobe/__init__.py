@@ -1,3 +1,6 @@
 """pathprobe: throughput, RTT and loss between cloud regions, as Prometheus metrics."""
 
-__version__ = "0.1.0"
+from . import build
+
+# From git, when the package was built (build.py).
+__version__ = build.VERSION

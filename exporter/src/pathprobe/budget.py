@@ -98,8 +98,13 @@ class Budget:
             self._refuse(f"period {period} is more than a day after today ({self.period}) by this clock", None)
             return
         if period > self._period:
-            log.warning("budget state %s is for %s, after today (%s) by this clock: keeping %s",
-                        self.state_file, period, self.period, period)  # fmt: skip
+            log.warning(
+                "budget state %s is for %s, after today (%s) by this clock: keeping %s",
+                self.state_file,
+                period,
+                self.period,
+                period,
+            )
         if period >= self._period:
             self._period, self._used = period, used
 
@@ -112,8 +117,10 @@ class Budget:
         log.warning(
             "budget state %s cannot be used (%s): counting %s as fully spent; throughput tests resume "
             "at the next UTC day. Fix or remove the file to start counting from zero now.",
-            self.state_file, reason, self.period,
-        )  # fmt: skip
+            self.state_file,
+            reason,
+            self.period,
+        )
 
     def _roll(self) -> None:
         today = self._today()
@@ -151,8 +158,13 @@ class Budget:
             self.save_failures += 1
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             if self.save_error != reason:  # once per new reason, not after every test
-                log.warning("budget state %s cannot be written (%s); counting in memory: a restart would "
-                            "not know today's %d bytes", self.state_file, reason, self._used)  # fmt: skip
+                log.warning(
+                    "budget state %s cannot be written (%s); counting in memory: a restart would "
+                    "not know today's %d bytes",
+                    self.state_file,
+                    reason,
+                    self._used,
+                )
             self.save_error = reason
             return False
         if self.save_error is not None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import ena
-from .limits import Expected
+from . import ena, ends
+from .limits import LIMIT_KINDS, Expected
 from .probes.report import describe_one_way
 from .units import format_bits
 
@@ -33,6 +33,10 @@ class Row:
     rtt_under_load_seconds: float | None = None
     # ENA allowance counters that rose during the test (None: no such counters on this host).
     allowance_exceeded: dict[str, int] | None = None
+    # What of the test's own ends bound it (ends.Bound: a host's CPU or receive buffer, none,
+    # unknown), and what would lift it; None where not known (results stored before it was measured).
+    ends_bound: str | None = None
+    remedy: str = ""
 
     @property
     def per_stream(self) -> float | None:
@@ -67,8 +71,10 @@ class Review:
         best = self.best()
         if best is None or best.bits_per_second is None:
             return None
-        return min((r for r in self.measured() if (r.bits_per_second or 0) >= KNEE_SHARE * best.bits_per_second),
-                   key=lambda r: r.streams)  # fmt: skip
+        return min(
+            (r for r in self.measured() if (r.bits_per_second or 0) >= KNEE_SHARE * best.bits_per_second),
+            key=lambda r: r.streams,
+        )
 
     def transfer(self, row: Row | None) -> dict[str, float] | None:
         """Seconds to move the volume at the rate this row keeps (burst, then baseline), and
@@ -125,14 +131,15 @@ class Review:
         """What limits this row's rate, in words."""
         if row is None or not row.bits_per_second or row.expected is None:
             return None
-        if row.allowance_exceeded:
-            return f"{format_bits(row.bits_per_second)}, bound by {ena.explain(row.allowance_exceeded)}"
+        host = _bound_by_a_host(row)
+        if host is not None:
+            return host
         rate, c = row.bits_per_second, row.expected.candidates
         flows = "one flow" if row.streams == 1 else f"{row.streams} flows"
         # The binding limit is the smallest one; the rate is explained by it when it comes close.
         limit = min(c, key=lambda k: c[k])
         if rate < UNEXPLAINED * c[limit]:
-            known = ", ".join(f"{_NAMES[k]} {format_bits(v)}" for k, v in sorted(c.items(), key=lambda kv: kv[1]))
+            known = ", ".join(f"{wording(k)} {format_bits(v)}" for k, v in sorted(c.items(), key=lambda kv: kv[1]))
             return (
                 f"{flows} reach {format_bits(rate)}, below every known limit ({known}): look for loss, "
                 "congestion, CPU or a limit not in the table (e.g. burst credits spent)"
@@ -141,37 +148,59 @@ class Review:
             assert row.expected is not None
             return (
                 f"{flows} reach {format_bits(rate)} while burst credits last, above the "
-                f"{format_bits(c[limit])} floor ({_NAMES[limit]} at the instances' baseline); "
+                f"{format_bits(c[limit])} floor ({wording(limit)} at the instances' baseline); "
                 f"the peak allows {format_bits(row.expected.peak_bits_per_second)}"
             )
         if rate > ABOVE * c[limit]:
             return (
-                f"{flows} reach {format_bits(rate)}, above {_NAMES[limit]} that AWS documents "
+                f"{flows} reach {format_bits(rate)}, above {wording(limit)} that AWS documents "
                 f"({format_bits(c[limit])}): documented limits are a floor to plan on, not a ceiling"
             )
-        text = f"{flows} {'is' if row.streams == 1 else 'are'} bound by {_NAMES[limit]}"
-        buffers = {"receive_window": ("tcp_rmem", self.receiver_rmem_max),
-                   "send_buffer": ("tcp_wmem", self.sender_wmem_max)}  # fmt: skip
+        text = f"{flows} {'is' if row.streams == 1 else 'are'} bound by {wording(limit)}"
+        buffers = {
+            "receive_window": ("tcp_rmem", self.receiver_rmem_max),
+            "send_buffer": ("tcp_wmem", self.sender_wmem_max),
+        }
         size = buffers[limit][1] if limit in buffers else None
         if size and self.rtt_seconds:
-            text += (f": {buffers[limit][0]} max {_mib(size)} at {self.rtt_seconds * 1e3:.3g} ms RTT "
-                     f"allows about {format_bits(c[limit])}")  # fmt: skip
+            text += (
+                f": {buffers[limit][0]} max {_mib(size)} at {self.rtt_seconds * 1e3:.3g} ms RTT "
+                f"allows about {format_bits(c[limit])}"
+            )
             rest = {k: v for k, v in c.items() if k not in buffers}
             if rest:
                 nxt = min(rest, key=lambda k: rest[k])
                 need = rest[nxt] / row.streams * self.rtt_seconds / 8 / self.window_share
-                text += f"; {_mib(need)} (on both ends) would reach {_NAMES[nxt]} ({format_bits(rest[nxt])})"
+                text += f"; {_mib(need)} (on both ends) would reach {wording(nxt)} ({format_bits(rest[nxt])})"
         else:
             text += f" ({format_bits(c[limit])}); measured {format_bits(rate)}"
         return text
+
+
+def _bound_by_a_host(row: Row) -> str | None:
+    """What bound a row's test that was not the path, in words: the instance's allowance (ENA's
+    counters rose), or one of the test's own ends (a host's CPU, a receive buffer)."""
+    assert row.bits_per_second
+    if row.allowance_exceeded:
+        return f"{format_bits(row.bits_per_second)}, bound by {ena.explain(row.allowance_exceeded)}"
+    if row.ends_bound in ends.HOST_LIMITS:
+        return (
+            f"{format_bits(row.bits_per_second)}, bound by {wording(row.ends_bound)}, not the path: "
+            f"{ends.REMEDIES.get(row.remedy, row.remedy)}"
+        )
+    return None
 
 
 def on_burst(row: Row) -> bool:
     """The test ran above a floor that the instances' baseline sets, within their peak: on
     network I/O credits, which a long transfer spends."""
     e = row.expected
-    return bool(e and row.bits_per_second and e.peak_bits_per_second > e.bits_per_second
-                and row.bits_per_second > e.bits_per_second)  # fmt: skip
+    return bool(
+        e
+        and row.bits_per_second
+        and e.peak_bits_per_second > e.bits_per_second
+        and row.bits_per_second > e.bits_per_second
+    )
 
 
 def sustained(row: Row) -> float:
@@ -182,16 +211,10 @@ def sustained(row: Row) -> float:
     return row.expected.bits_per_second if on_burst(row) and row.expected else row.bits_per_second
 
 
-_NAMES = {
-    "per_flow": "the per-flow limit",
-    "instance": "the instance bandwidth",
-    "region_cap": "the inter-region cap",
-    "transit_gateway": "the Transit Gateway attachment limit",
-    "receive_window": "the receive window",
-    "send_buffer": "the send buffer",
-    "target_rate": "the UDP target rate",
-    "override": "the configured expected rate",
-}
+def wording(limit: str) -> str:
+    """A limit's name in words (limits.LIMIT_KINDS), or the name itself for one it does not know."""
+    kind = LIMIT_KINDS.get(limit)
+    return kind.wording if kind is not None else limit
 
 
 def _mib(nbytes: float) -> str:
@@ -209,8 +232,10 @@ def format_duration(seconds: float) -> str:
 
 
 def text_report(r: Review) -> str:
-    lines = [f"capacity review: this host {'->' if r.direction == 'send' else '<-'} {r.target}, "
-             f"{r.protocol.upper()} ({r.source})"]  # fmt: skip
+    lines = [
+        f"capacity review: this host {'->' if r.direction == 'send' else '<-'} {r.target}, "
+        f"{r.protocol.upper()} ({r.source})"
+    ]
     if r.rtt_seconds:
         lines.append(
             f"RTT p50 {r.rtt_seconds * 1e3:.3g} ms; receiver tcp_rmem max "
@@ -220,8 +245,10 @@ def text_report(r: Review) -> str:
         )
     if r.one_way is not None:
         lines.append(describe_one_way(r.one_way))
-    head = (f"{'streams':>7} {'Gbit/s':>8} {'per stream':>10} {'retrans':>8} {'UDP loss':>8} {'RTT ms':>7} "
-            f"{'expected':>9}  limit")  # fmt: skip
+    head = (
+        f"{'streams':>7} {'Gbit/s':>8} {'per stream':>10} {'retrans':>8} {'UDP loss':>8} {'RTT ms':>7} "
+        f"{'expected':>9}  {'limit':<15} own ends"
+    )
     lines += ["", head]
     for row in r.rows:
         if row.bits_per_second is None:
@@ -233,12 +260,15 @@ def text_report(r: Review) -> str:
             f"{'' if row.udp_loss_ratio is None else format(row.udp_loss_ratio, '.2%'):>8} "
             f"{'' if row.rtt_under_load_seconds is None else format(row.rtt_under_load_seconds * 1e3, '.3g'):>7} "
             f"{row.expected.bits_per_second / 1e9 if row.expected else float('nan'):>9.3f}  "
-            f"{row.expected.limit if row.expected else ''}"
+            f"{row.expected.limit if row.expected else '':<15} {row.ends_bound or ''}"
         )
     knee, best = r.knee(), r.best()
     if knee and best and knee.bits_per_second and best.bits_per_second:
-        lines += ["", f"knee: {knee.streams} stream(s) ({knee.bits_per_second / 1e9:.3g} Gbit/s, within 5% of the "
-                      f"best, {best.bits_per_second / 1e9:.3g} Gbit/s at {best.streams})"]  # fmt: skip
+        lines += [
+            "",
+            f"knee: {knee.streams} stream(s) ({knee.bits_per_second / 1e9:.3g} Gbit/s, within 5% of the "
+            f"best, {best.bits_per_second / 1e9:.3g} Gbit/s at {best.streams})",
+        ]
         for label, maybe in (("one stream", r._row(1)), ("at the knee", knee)):
             d = r.diagnose(maybe)
             if d:
@@ -250,9 +280,11 @@ def text_report(r: Review) -> str:
                 took = f"about {format_duration(t['seconds'])}"
                 if "burst_seconds" in t and row.expected:
                     flows = "1 stream reaches" if row.streams == 1 else f"{row.streams} streams reach"
-                    took = (f"{flows} {format_bits(row.bits_per_second or 0)} while credits last, then "
-                            f"{_NAMES[row.expected.limit]} at the baseline ({format_bits(t['bits_per_second'])}) "
-                            f"binds: {took}, not {format_duration(t['burst_seconds'])}")  # fmt: skip
+                    took = (
+                        f"{flows} {format_bits(row.bits_per_second or 0)} while credits last, then "
+                        f"{wording(row.expected.limit)} at the baseline ({format_bits(t['bits_per_second'])}) "
+                        f"binds: {took}, not {format_duration(t['burst_seconds'])}"
+                    )
                 lines.append(f"moving {r.volume_bytes / 1e12:g} TB {label}: {took}{cost}")
     lines += [f"note: {n}" for n in r.notes]
     return "\n".join(lines)

@@ -84,8 +84,9 @@ def chrony_tracking(csv_line: str) -> float | None:
     return abs(offset) + root_dispersion + root_delay / 2
 
 
-def one_way_untrusted(error: float | None, clocks_apart: float, negative: bool, medians: list[float],
-                      max_error_share: float) -> str:  # fmt: skip
+def one_way_untrusted(
+    error: float | None, clocks_apart: float, negative: bool, medians: list[float], max_error_share: float
+) -> str:
     """Why one-way delays are not worth reading, or "" when they are (metrics/owd.py says each
     reason): `error` both ends' bounds added (None: an end states none); `clocks_apart` how far the
     echoes put the clocks apart at least; `negative` a delay came out below zero; `medians` each
@@ -124,9 +125,13 @@ class ClockErrorBound:
 
     async def _chrony(self) -> float | None:
         try:
-            proc = await asyncio.create_subprocess_exec(self.settings.chronyc, "-c", "tracking",
-                                                        stdout=asyncio.subprocess.PIPE,
-                                                        stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
+            proc = await asyncio.create_subprocess_exec(
+                self.settings.chronyc,
+                "-c",
+                "tracking",
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
             out, _ = await asyncio.wait_for(proc.communicate(), timeout=5)
         except (OSError, TimeoutError):
             return None

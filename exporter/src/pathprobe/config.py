@@ -13,13 +13,11 @@ from collections.abc import Callable
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AwareDatetime,
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     IPvAnyAddress,
     IPvAnyNetwork,
@@ -29,7 +27,8 @@ from pydantic import (
 
 from . import mesh as selection
 from . import wire, yamlfile
-from .units import parse_quantity
+from .probe_settings import FLOWS_DEFAULT, Probes, ThroughputOverrides, ThroughputSettings
+from .strict import BitsPerSecond, Bytes, Strict
 
 
 class PathClass(StrEnum):
@@ -37,28 +36,6 @@ class PathClass(StrEnum):
     inter_region = "inter_region"
     transit_gateway = "transit_gateway"
     vpc_peering = "vpc_peering"
-
-
-Protocol = Literal["tcp", "udp"]
-Direction = Literal["send", "receive"]
-Congestion = Literal["cubic", "bbr", "reno"]
-
-BitsPerSecond = Annotated[float, BeforeValidator(lambda v: parse_quantity(v, "rate")), Field(gt=0)]
-Bytes = Annotated[int, BeforeValidator(lambda v: int(parse_quantity(v, "size"))), Field(ge=0)]
-# The DSCP a probe class marks its packets with (the IP header's six high TOS bits). 0 (CS0, best
-# effort) by default, so that probes are treated as the traffic they stand for: a probe marked
-# higher than that traffic can look clean while the traffic loses packets.
-Dscp = Annotated[int, Field(ge=0, le=63)]
-
-
-def default(model: type[BaseModel], name: str) -> Any:
-    """A field's default value: the one source that the CLI, the lab and the docs take it from."""
-    return model.model_fields[name].default
-
-
-class Strict(BaseModel):
-    # allow_inf_nan: `.inf` or `.nan` in any float field is an error, not a schedule that never ends.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Host(Strict):
@@ -84,61 +61,6 @@ class Host(Strict):
         return str(self.address) if wire.sendable_from(str(self.address)) else None
 
 
-class SteadyStateSettings(Strict):
-    """Stop a TCP test once its rate has settled (probes/steady.py): duration_seconds is then
-    the most it runs, and omit_seconds is not used (the detector leaves slow start out). On by
-    default: bench/throughput_cost.py measured every row (1-150 ms, 200 and 500 Mbit/s, 1 and 4
-    streams) within 2% of a 10 s test's steady state with at most a quarter of its bytes, and the
-    bytes of each test decide how often a budget lets a fleet test each path. `enabled: false`
-    keeps fixed-length tests (duration_seconds, omit_seconds left out)."""
-
-    enabled: bool = True
-    # Two successive windows' mean rates agree within this share.
-    tolerance: float = Field(default=0.02, gt=0, lt=0.5)
-    # A window spans this many RTTs of the path (the RTT probe's median), and at least min_window_seconds.
-    window_rtts: float = Field(default=4, ge=1, le=100)
-    min_window_seconds: float = Field(default=0.5, gt=0, le=10)
-    min_seconds: float = Field(default=1, ge=0, le=60)
-
-
-class TestSpec(NamedTuple):
-    """One test of a peer's throughput settings."""
-
-    protocol: str
-    streams: str
-    direction: str
-
-
-class ThroughputSettings(Strict):
-    enabled: bool = True
-    protocols: list[Protocol] = Field(default=["tcp"], min_length=1)
-    streams: list[Annotated[int, Field(ge=1, le=128)]] = Field(default=[1, 8], min_length=1)
-    directions: list[Direction] = Field(default=["send"], min_length=1)
-    duration_seconds: float = Field(default=5, gt=0, le=60)
-    omit_seconds: float = Field(default=1, ge=0, le=10)
-    congestion: Congestion | None = None
-    udp_bitrate: BitsPerSecond = 100e6
-    # Socket buffer (iperf3 -w); None leaves the kernel's autotuning alone.
-    window_bytes: Bytes | None = None
-    steady_state: SteadyStateSettings = SteadyStateSettings()
-    dscp: Dscp = 0
-
-    def tests(self) -> list[TestSpec]:
-        """Every test these settings ask for, in run order."""
-        return [TestSpec(p, str(s), d) for p in self.protocols for s in self.streams for d in self.directions]
-
-
-class ThroughputOverrides(Strict):
-    """Per-peer changes to the throughput settings; unset fields keep the global value."""
-
-    enabled: bool | None = None
-    protocols: list[Protocol] | None = None
-    streams: list[Annotated[int, Field(ge=1, le=128)]] | None = None
-    directions: list[Direction] | None = None
-    udp_bitrate: BitsPerSecond | None = None
-    steady_state: SteadyStateSettings | None = None
-
-
 class ScheduleSettings(Strict):
     # Length of one slot of the round-robin tournament; the two hosts of a pair
     # each get half of it as the client.
@@ -148,52 +70,6 @@ class ScheduleSettings(Strict):
     jitter_seconds: float = Field(default=2, ge=0)
     # Time a test may overrun duration + omit before it is killed.
     timeout_margin_seconds: float = Field(default=5, ge=1)
-
-
-# Continuous probes spread over this many flows (source ports), so that they cross every
-# member of an ECMP group with high probability (8 flows over 4 paths miss one with p = 0.4%
-# ... over 2 paths with p = 0.8%); a peer's responder must accept that many connections
-# from one source (responders.rr_max_connections_per_source).
-FLOWS_DEFAULT, FLOWS_MAX = 8, 64
-
-
-# The continuous probes' default rates, per peer: what the rules read needs no more, and 50 peers'
-# probing then costs a few percent of a core (bench/exporter_bench.py). RTT once a second, as
-# smokeping_prober's default: the rules read the p50 over probes.rtt.quantile_window_seconds (300
-# samples); UDP echo 5 packets a second: the loss rule's warning (1% over 10 minutes) is then 30
-# lost packets, enough to tell it from half of it (Poisson); each of 8 flows is failing after
-# about 26 s of its packets lost.
-RTT_INTERVAL_DEFAULT, ECHO_RATE_DEFAULT = 1.0, 5.0
-
-
-class RttSettings(Strict):
-    enabled: bool = True
-    interval_seconds: float = Field(default=RTT_INTERVAL_DEFAULT, ge=0.001, le=60)
-    # Request size; 8 and more carry the responder's follow-up (wire.RR_FOLLOW_UP) that takes its
-    # own send off the RTT: 8 by default (netperf TCP_RR's is 1; both one small segment).
-    size_bytes: int = Field(default=8, ge=1, le=65536)
-    # An answer whose RTT (its stamps, the responder's hold taken off) exceeds this is a timeout. A
-    # request the peer's kernel acknowledged is waited for as long again: a busy responder's answer.
-    timeout_seconds: float = Field(default=1.0, gt=0, le=30)
-    # TCP connections, used in turn (each has its own source port).
-    flows: int = Field(default=FLOWS_DEFAULT, ge=1, le=FLOWS_MAX)
-    # The window of pathprobe_rtt_seconds's quantiles (TCP and UDP): the rules name their recordings
-    # after it (alert parameter rtt_exporter_window). Shorter windows react sooner and sample less.
-    quantile_window_seconds: float = Field(default=300, ge=10, le=3600)
-    dscp: Dscp = 0
-
-
-class LossSettings(Strict):
-    enabled: bool = True
-    rate_pps: float = Field(default=ECHO_RATE_DEFAULT, gt=0, le=1000)
-    # 36: the echo header (wire.ECHO_HEADER); 80 carries every field the responder fills in (the
-    # follow-up that takes its own send off the RTT last).
-    size_bytes: int = Field(default=80, ge=36, le=1400)
-    # A packet is lost only when no echo came within this time.
-    timeout_seconds: float = Field(default=2.0, gt=0, le=30)
-    # UDP sockets, used in turn (each has its own source port).
-    flows: int = Field(default=FLOWS_DEFAULT, ge=1, le=FLOWS_MAX)
-    dscp: Dscp = 0
 
 
 class Limits(Strict):
@@ -249,6 +125,16 @@ class Iperf3Auth(Strict):
 class Iperf3Settings(Strict):
     binary: str = "iperf3"
     port: int = Field(default=5201, ge=1, le=65535)
+    # iperf3 servers this host runs, on `port` and the ports after it; a test of several streams is
+    # split over as many client processes (each its share of the streams, at most `processes`, at
+    # most the peer's servers) where this host's or the peer's iperf3 is older than 3.16: those run
+    # every stream of a process on one thread, so a test measures one core, not a 50 Gbit/s
+    # instance's network. From 3.16 a thread per stream: one process is enough, and is used.
+    processes: int = Field(default=1, ge=1, le=64)
+    # The longest a peer's test may run on this host's servers before the supervisor takes the
+    # server for wedged and restarts it (and iperf3 3.20+'s own --server-max-duration); None: half
+    # the schedule's slot (no test of the schedule's takes longer), 120 s under `pathprobe serve`.
+    max_test_seconds: float | None = Field(default=None, gt=0, le=3600)
     auth: Iperf3Auth | None = None
     # Limits on what a peer's test may take from this host (iperf3 -s options).
     server_bitrate_limit: BitsPerSecond | None = None
@@ -257,6 +143,17 @@ class Iperf3Settings(Strict):
     # "turn": a peer in its client turn against this host by the schedule (and responders.allow
     # at any time); "peers": any peer or responders.allow at any time; "anyone": no check.
     admit: Literal["turn", "peers", "anyone"] = "turn"
+
+    @property
+    def ports(self) -> list[int]:
+        """The servers' ports."""
+        return list(range(self.port, self.port + self.processes))
+
+    @model_validator(mode="after")
+    def _ports_exist(self) -> Iperf3Settings:
+        if self.port + self.processes - 1 > 65535:
+            raise ValueError(f"port {self.port} and {self.processes - 1} more (processes) pass 65535")
+        return self
 
 
 class ClockSettings(Strict):
@@ -283,7 +180,7 @@ class Responders(Strict):
     rr_port: int = Field(default=9470, ge=1, le=65535)
     echo_port: int = Field(default=9470, ge=1, le=65535)
     # Addresses allowed besides the configured peers.
-    allow: list[IPvAnyNetwork] = []
+    allow: list[IPvAnyNetwork] = []  # noqa: RUF012 - a pydantic field: copied per model
     # Echo packets per second accepted from one source; more are dropped and counted.
     echo_max_pps_per_source: float = Field(default=2000, gt=0)
     # At least the peers' probes.rtt.flows.
@@ -313,6 +210,12 @@ class WebSettings(Strict):
     # TLS and basic auth of /metrics: exporter-toolkit's web config file, as every Prometheus
     # exporter reads it (webconfig.py); None: plain HTTP, no authentication.
     config_file: Path | None = None
+
+    @field_validator("config_file", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return None if value == "" else value  # as the toolkit's --web.config.file "": no file
+
     # The former `tls` and `basic_auth` sections are refused rather than mapped onto the web
     # config: one place for one setting (two would need an order between them), the format every
     # exporter and the prometheus-community roles share, and a bcrypt hash on disk instead of the
@@ -322,10 +225,10 @@ class WebSettings(Strict):
     # POST /-/reload reloads the config, as SIGHUP does (off by default, like Prometheus's
     # --web.enable-lifecycle: anyone who reaches /metrics could ask for it).
     enable_lifecycle: bool = False
-    # The shortest time between two renders of /metrics (web.py's Snapshot). Renders are timed for
+    # The shortest time between two renders of /metrics (web/snapshot.py's Snapshot). Renders are timed for
     # the scrapers' own intervals, but one scraping more often than this reads a snapshot up to this
     # old: set it below a scrape interval shorter than 5 s. Renders stay within 5% of a core whatever it
-    # is; at most 15 s, the oldest a snapshot gets (web.MAX_AGE_SECONDS).
+    # is; at most 15 s, the oldest a snapshot gets (web.snapshot.MAX_AGE_SECONDS).
     refresh_seconds: float = Field(default=5.0, ge=0.1, le=15)
 
     @field_validator("listen")
@@ -349,34 +252,46 @@ class BudgetSettings(Strict):
     price_per_gb: dict[PathClass, Annotated[float, Field(ge=0, le=100)]] = Field(default_factory=dict)
 
 
-# IP packet sizes a path of each class should carry (AWS: 9001 inside a VPC, 8500 over
-# inter-region VPC peering and Transit Gateway, 1500 over the internet gateway; see
-# docs/SOURCES.md). 1500 is always probed.
-MTU_BY_PATH_CLASS: dict[str, list[int]] = {
-    "intra_region": [1500, 9001],
-    "vpc_peering": [1500, 8500],
-    "transit_gateway": [1500, 8500],
-    "inter_region": [1500],
-}
+class EvidenceSettings(Strict):
+    """Every throughput test's whole result kept on the host (evidence.py), served at /tests and
+    /tests/<id> behind /metrics' authentication and bundled by `pathprobe evidence`: the oldest go
+    first once either bound is reached."""
+
+    enabled: bool = True  # false: no record kept, /tests answers 404
+    # The store's directory (one JSON file per test); None: `tests/HOST` beside budget.state_file
+    # (HOST: host.name; one directory per exporter where several share a state directory).
+    directory: Path | None = None
+    # The most records kept, and their most bytes together: beyond either, the oldest go
+    # (pathprobe_evidence_evicted_total). A record grows with its intervals times its streams.
+    max_tests: int = Field(default=1000, ge=1, le=1_000_000)
+    max_bytes: Bytes = Field(default=100 * 2**20, ge=2**20)
+
+    def path(self, budget: BudgetSettings, host: str) -> Path:
+        return self.directory if self.directory is not None else budget.state_file.parent / "tests" / host
 
 
-class MtuSettings(Strict):
-    enabled: bool = True
-    # Each size is probed once per interval: a DF-set UDP echo of exactly that IP size.
+class FlowNetwork(Strict):
+    """Networks that are not peers whose flows are counted together, as one destination."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # the `peer` label
+    networks: list[IPvAnyNetwork] = Field(min_length=1)
+    region: str = Field(min_length=1)  # the `peer_region` label
+    zone: str = ""
+    path_class: PathClass = PathClass.inter_region
+
+
+class FlowsSettings(Strict):
+    """The host's own TCP flows to its peers (flowreader.py): read from the kernel's sock_diag
+    (tcp_info: counters and times, never a payload), labelled per peer and limit only."""
+
+    enabled: bool = True  # false: no reading, no pathprobe_tcp_flows_* series
+    # How often the flows are read (each read walks every established socket of the host).
     interval_seconds: float = Field(default=10, ge=1, le=3600)
-    timeout_seconds: float = Field(default=2.0, gt=0, le=30)
-    # IP packet sizes to probe; None: by the peer's path class (MTU_BY_PATH_CLASS).
-    sizes: list[Annotated[int, Field(ge=576, le=65535)]] | None = None
-
-    def sizes_for(self, path_class: str) -> list[int]:
-        return sorted(set(self.sizes if self.sizes is not None else MTU_BY_PATH_CLASS[path_class]))
-
-
-class Probes(Strict):
-    throughput: ThroughputSettings = ThroughputSettings()
-    rtt: RttSettings = RttSettings()
-    loss: LossSettings = LossSettings()
-    mtu: MtuSettings = MtuSettings()
+    # Past this many flows to peers and networks, a stable sample of them (by socket cookie) is
+    # read and its counts scaled up: pathprobe_tcp_flows_sampled_ratio says by how much.
+    max_sockets: int = Field(default=10000, ge=1, le=10_000_000)
+    # Destinations that are not peers (a region's or a zone's networks), each counted as one.
+    networks: list[FlowNetwork] = Field(default_factory=list)
 
 
 class MeshSettings(Strict):
@@ -409,7 +324,9 @@ class Config(Strict):
     iperf3: Iperf3Settings = Iperf3Settings()
     web: WebSettings = WebSettings()
     budget: BudgetSettings = BudgetSettings()
+    evidence: EvidenceSettings = EvidenceSettings()
     clock: ClockSettings = ClockSettings()
+    flows: FlowsSettings = FlowsSettings()
     # This host's tcp_rmem / tcp_wmem maximum for the buffer bounds; None reads /proc at start.
     tcp_rmem_max_bytes: Bytes | None = None
     tcp_wmem_max_bytes: Bytes | None = None

@@ -6,12 +6,14 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
-from .config import Config, Peer, TestSpec
+from .config import Config, Peer
+from .keys import TestKey
+from .limits import Expected, host_buffer_max, window_share
 from .limits import expected as expected_of
-from .limits import host_buffer_max, window_share
-from .metrics.common import TestKey
 from .metrics.throughput import ThroughputRoom
+from .probe_settings import TestSpec
 from .probes import Reason, ThroughputResult
+from .probes.base import Rejection
 
 # The buffer bounds use the median of the last WINDOW RTT samples, once there are MIN_SAMPLES.
 WINDOW, MIN_SAMPLES = 256, 10
@@ -30,6 +32,9 @@ class RttWindow:
         pass
 
     def flows_failing(self, count: int) -> None:
+        pass
+
+    def rejected(self, reason: Rejection) -> None:
         pass
 
     def median(self) -> float | None:
@@ -62,10 +67,15 @@ class ExpectedTracker:
     def rate_all(self, peer: Peer, keys: list[TestSpec]) -> None:
         """Expected values of tests that have no result yet, from the RTT window."""
         for key in keys:
-            if not self.room.has_result(TestKey.of(peer.name, key)):
-                self.rate(peer, key, None)
+            self.room.expect_unmeasured(TestKey.of(peer.name, key), self._expected(peer, key, None))
 
-    def rate(self, peer: Peer, key: TestSpec, result: ThroughputResult | None) -> None:
+    def rate(self, peer: Peer, key: TestSpec, result: ThroughputResult | None) -> Expected:
+        """The test's expected value, with its result (or without one), into the room; returned."""
+        expected = self._expected(peer, key, result)
+        self.room.expect(TestKey.of(peer.name, key), expected)
+        return expected
+
+    def _expected(self, peer: Peer, key: TestSpec, result: ThroughputResult | None) -> Expected:
         protocol, streams, direction = key
         rtt = self.rtt_median(peer.name) or (result.sender_rtt_seconds if result else None)
         if direction == "send":
@@ -73,7 +83,14 @@ class ExpectedTracker:
         else:
             rmem, wmem = self.rmem_max, peer.tcp_wmem_max_bytes or self.wmem_max
         settings = self.cfg.throughput_for(peer)
-        self.room.expect(TestKey.of(peer.name, key), expected_of(
-            peer, self.cfg.host.instance_type, protocol, int(streams), rmem, rtt, settings.udp_bitrate,
-            sender_wmem_max=wmem, share=self.share,
-        ))  # fmt: skip
+        return expected_of(
+            peer,
+            self.cfg.host.instance_type,
+            protocol,
+            int(streams),
+            rmem,
+            rtt,
+            settings.udp_bitrate,
+            sender_wmem_max=wmem,
+            share=self.share,
+        )

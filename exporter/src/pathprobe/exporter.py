@@ -14,19 +14,20 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from pydantic import BaseModel
-
-from . import ena, responders
+from . import ena, flowreader, responders
 from .allow import AllowList
 from .budget import Budget
 from .clock import ClockErrorBound
-from .config import Config, Peer
+from .config import Config, Iperf3Settings
+from .evidence import EvidenceStore
 from .expected import ExpectedTracker
+from .kinds import KINDS, Wiring
+from .load import LoadState, OwnTests
 from .metrics import Rooms
-from .probes import CONTINUOUS, PROBERS, Prober, Target
-from .probes.base import Pacer
+from .probes import Prober
+from .probes.pacer import Pacer
 from .schedule import Schedule, Timetable
-from .turns import Plan, ThroughputTurns
+from .turns import ThroughputTurns, TurnInputs
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +50,15 @@ TURN_GRACE_SECONDS = 1.0
 STOP_SECONDS = 4.0
 # How often the ENA allowance counters are read (in the background: ethtool may take seconds).
 ALLOWANCES_READ_SECONDS = 10.0
-# What a reload cannot change: the listening sockets, the iperf3 server and the budget's file
-# are set up once at start (systemctl restart applies them).
-RESTART_ONLY = ("host", "responders", "iperf3", "web", "budget", "clock")
+# What a reload cannot change: the listening sockets, the iperf3 server, the budget's file and the
+# evidence store are set up once at start (systemctl restart applies them).
+RESTART_ONLY = ("host", "responders", "iperf3", "web", "budget", "evidence", "clock")
+
+
+def evidence_store(cfg: Config) -> EvidenceStore | None:
+    """The evidence store of `cfg` (evidence.py), read back from its directory; None where it is disabled."""
+    e = cfg.evidence
+    return EvidenceStore(e.path(cfg.budget, cfg.host.name), e.max_tests, e.max_bytes).open() if e.enabled else None
 
 
 class Prepared(NamedTuple):
@@ -98,33 +105,56 @@ def epoch_too_far_ahead(cfg: Config, now: float) -> str | None:
     if ahead <= EPOCH_AHEAD_LIMIT_SECONDS:
         return None
     far = f"{ahead / 3600:.1f} h" if ahead < 2 * 86400 else f"{ahead / 86400:.0f} days"
-    return (f"mesh.epoch: {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(at))} is {far} "
-            f"ahead of this host's clock: this member list's throughput schedule starts only then (until then "
-            f"a fresh start takes no test and a reload keeps the old schedule); more than "
-            f"{EPOCH_AHEAD_LIMIT_SECONDS / 3600:g} h ahead is taken for a mistake")  # fmt: skip
+    return (
+        f"mesh.epoch: {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(at))} is {far} "
+        f"ahead of this host's clock: this member list's throughput schedule starts only then (until then "
+        f"a fresh start takes no test and a reload keeps the old schedule); more than "
+        f"{EPOCH_AHEAD_LIMIT_SECONDS / 3600:g} h ahead is taken for a mistake"
+    )
 
 
 class Exporter:
-    def __init__(self, cfg: Config, clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):  # fmt: skip
+    def __init__(
+        self,
+        cfg: Config,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ):
         """`clock` and `sleep` are the wall clock and the wait the schedule keeps its turns by: a test
         may pass a virtual pair (time that moves only when the schedule waits)."""
         self.clock = clock
         self.budget = Budget(cfg.budget.daily_bytes, cfg.budget.state_file, clock)
         self.timetable = Timetable(schedule_view(cfg), epoch_of(cfg))
-        # Late-bound: a test may put its own load_state on the exporter.
-        load_state = lambda peer, now: self.load_state(peer, now)  # noqa: E731, PLW0108 - late binding, see above
+        self.own_tests = OwnTests()  # the turns write when this host's tests run; the load state reads it
+        self.load = LoadState(cfg.host.name, self.timetable, cfg.half_slot_need(with_margin=False), self.own_tests)
         self.clock_bound = ClockErrorBound(cfg.clock)
-        self.rooms = Rooms(cfg, self.timetable, self.budget, load_state, self.clock_bound, clock)
+        self.evidence = evidence_store(cfg)
+        kinds = KINDS.values()
+        self.rooms = Rooms(
+            cfg, self.timetable, self.budget, self.load, self.clock_bound, clock, kinds=kinds, evidence=self.evidence
+        )
+        self.iperf3 = responders.Iperf3ServerState(self.rooms.host)  # the responders keep it; it tells the room
         self._configure(cfg, ExpectedTracker(cfg, self.rooms.throughput))
-        self.turns = ThroughputTurns(Plan(cfg, self.timetable, self.tracker), self.rooms.throughput, self.rooms.host,
-                                     self.budget, clock, sleep)  # fmt: skip
+        self.turns = ThroughputTurns(
+            TurnInputs(cfg, self.timetable, self.tracker),
+            self.rooms.throughput,
+            self.rooms.host,
+            self.budget,
+            clock,
+            sleep,
+            own=self.own_tests,
+            server=self.iperf3,
+            evidence=(self.evidence, self.rooms.evidence) if self.evidence is not None else None,
+        )
         self.allowed = AllowList.of(cfg)  # the responders hold this object: a reload updates it in place
         self.interface = ena.interface(cfg.host.interface)
         if cfg.host.probe_source is None:
-            log.warning("host.address %s is not one of this host's addresses: probes leave from the route's "
-                        "address, which peers admit only by responders.allow (host.source_address names it)",
-                        cfg.host.address)  # fmt: skip
+            log.warning(
+                "host.address %s is not one of this host's addresses: probes leave from the route's "
+                "address, which peers admit only by responders.allow (host.source_address names it)",
+                cfg.host.address,
+            )
+        self.flows = flowreader.FlowReader(cfg)  # reads while flows.enabled (a reload may change it)
         self._probing: list[asyncio.Task[object]] = []
         self.responders_listening = False  # from the responders' start to their close
 
@@ -133,7 +163,7 @@ class Exporter:
         (it is, to exist), its responders listen and its iperf3 server runs, so peers can probe it."""
         if not self.responders_listening:
             return "the responders are not listening yet"
-        if not self.rooms.host.iperf3_server_up:
+        if not self.iperf3.up:
             return "the iperf3 server is not running (pathprobe_iperf3_server_up; the log says why)"
         return None
 
@@ -143,6 +173,7 @@ class Exporter:
         self._extra_allowed = AllowList(cfg.responders.allow)
         # How long a half-slot's tests run, as scheduled.
         self.test_seconds = cfg.half_slot_need(with_margin=False)
+        self.load.use(self.timetable, self.test_seconds)
         for peer in cfg.throughput_peers:
             settings = cfg.throughput_for(peer)
             if settings.enabled:
@@ -171,19 +202,28 @@ class Exporter:
         self.rooms.use(cfg, self.timetable)  # first: the rooms admit the new peers' expected values
         self._configure(cfg, tracker)
         self.allowed.replace(AllowList.of(cfg))
-        self.turns.use(Plan(cfg, self.timetable, tracker))
+        self.turns.use(TurnInputs(cfg, self.timetable, tracker))
+        self.flows.use(cfg)
         if self._probing:  # running: the continuous probes restart with the new peers and settings
             for task in self._probing:
                 task.cancel()
             self._probing = self._start_probers()
-        log.info("config reloaded: %d peers probed for RTT, %d for throughput; schedule %s from %s",
-                 len(cfg.rtt_peers), len(cfg.throughput_peers), self.timetable.current.fingerprint,
-                 time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.timetable.epoch)))  # fmt: skip
+        log.info(
+            "config reloaded: %d peers probed for RTT, %d for throughput; schedule %s from %s",
+            len(cfg.rtt_peers),
+            len(cfg.throughput_peers),
+            self.timetable.current.fingerprint,
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.timetable.epoch)),
+        )
         if len(after) * 2 < len(before):
             # Fewer than half the peers left is more often a file cut short than a rollout: said and counted.
             self.rooms.host.reload_dropped_most()
-            log.warning("config reload left %d of %d probed peers (dropped: %s): a file cut short?",
-                        len(after), len(before), ", ".join(sorted(before - after)[:5]))  # fmt: skip
+            log.warning(
+                "config reload left %d of %d probed peers (dropped: %s): a file cut short?",
+                len(after),
+                len(before),
+                ", ".join(sorted(before - after)[:5]),
+            )
 
     def reload(self, cfg: Config) -> None:
         """Check, prepare and apply `cfg` here and now (the exporter's reloads prepare off the loop: reloads.py)."""
@@ -192,17 +232,6 @@ class Exporter:
 
     def _start_probers(self) -> list[asyncio.Task[object]]:
         return [asyncio.create_task(p.run(), name=name) for name, p in self.probers()]
-
-    def load_state(self, peer: str, now: float) -> str:
-        """RTT samples taken while this host or the peer may be in a throughput test sit
-        behind that test's queue: they are kept apart as "loaded". "May be" is the schedule's
-        window for both hosts, and for this host also the time its own tests really ran
-        (a retried test can run past the window)."""
-        active = self.test_seconds
-        busy = self.timetable.busy
-        if active and (busy(self.cfg.host.name, now, active) or busy(peer, now, active)):
-            return "loaded"
-        return "loaded" if self.turns.testing(now) else "idle"
 
     def iperf3_admission(self, address: str) -> str:
         """Whether a test from `address` may run on this host's iperf3 server now: "ok",
@@ -216,48 +245,31 @@ class Exporter:
             return "ok"
         if self._extra_allowed.allows(address):
             return "ok"
-        if self.turns.in_test():
+        if self.own_tests.running():
             return "out_of_turn"  # by its own clock it is this host's turn: two tests would measure each other
         clients = self.timetable.clients_of(self.cfg.host.name, self.clock(), TURN_GRACE_SECONDS)
         return "ok" if peer in clients else "out_of_turn"
 
     def probers(self) -> list[tuple[str, Prober]]:
-        """(task name, prober) of every continuous probe of every peer."""
+        """(task name, prober) of every continuous probe of every peer it probes (kinds.KINDS)."""
         local_mtu = host_max_mtu()
+        wiring = Wiring(self.rooms, self.cfg, self.tracker.windows)
         found = []
-        for peer in self.cfg.rtt_peers:
-            for kind in CONTINUOUS:
-                settings = self._settings(kind, peer, local_mtu)
+        for kind in KINDS.values():
+            if not kind.continuous or kind.recorder is None:
+                continue
+            for peer in kind.peers(self.cfg):
+                settings = kind.settings(self.cfg, peer, local_mtu)
                 if settings is not None:
-                    prober = PROBERS[kind](self._target(kind, peer), settings, self._sink(kind, peer))
-                    found.append((f"{kind}-{peer.name}", prober))
+                    prober = kind.prober(kind.target(self.cfg, peer), settings, kind.recorder(wiring, peer.name))
+                    found.append((f"{kind.name}-{peer.name}", prober))
         return found
 
-    def _target(self, kind: str, peer: Peer) -> Target:
-        """The responder a continuous probe of `kind` reaches: rr for RTT, echo for loss and MTU."""
-        responders = self.cfg.responders
-        port = (peer.rr_port or responders.rr_port) if kind == "rtt" else (peer.echo_port or responders.echo_port)
-        return Target(str(peer.address), port, self.cfg.host.probe_source)
-
-    def _settings(self, kind: str, peer: Peer, local_mtu: int | None) -> BaseModel | None:
-        """The settings model of a continuous probe of `kind` (None: disabled); MTU sizes as this path
-        and this host allow."""
-        settings = getattr(self.cfg.probes, kind)
-        if not settings.enabled:
-            return None
-        if kind != "mtu":
-            return settings  # type: ignore[no-any-return]
-        wanted = settings.sizes_for(peer.path_class.value)
-        sizes = [s for s in wanted if local_mtu is None or s <= local_mtu]
-        if sizes != wanted:
-            log.warning("mtu probes to %s: sizes above this host's largest interface MTU (%s) left out: %s",
-                        peer.name, local_mtu, sorted(set(wanted) - set(sizes)))  # fmt: skip
-        return settings.model_copy(update={"sizes": sizes})  # type: ignore[no-any-return]
-
-    def _sink(self, kind: str, peer: Peer) -> object:
-        if kind == "rtt":  # the RTT room, and the window the expected values read
-            return self.rooms.rtt_sink(peer.name, self.cfg.probes.rtt.size_bytes, self.tracker.windows[peer.name])
-        return self.rooms.echo_sink(peer.name) if kind == "loss" else self.rooms.mtu_sink(peer.name)
+    def recorder(self, kind: str, peer: str) -> object:
+        """The sink that `kind`'s prober of `peer` hands its results to (what probers() builds)."""
+        record = KINDS[kind].recorder
+        assert record is not None, f"{kind} is recorded per test"
+        return record(Wiring(self.rooms, self.cfg, self.tracker.windows), peer)
 
     async def read_allowances(self) -> None:
         """Until cancelled: the ENA allowance counters for /metrics (none where the driver is not)."""
@@ -266,16 +278,34 @@ class Exporter:
             self.rooms.host.read_allowances(self.interface, counters)
             await asyncio.sleep(ALLOWANCES_READ_SECONDS)
 
+    @staticmethod
+    def iperf3_settings(cfg: Config) -> Iperf3Settings:
+        """The iperf3 servers' settings: a peer's test on them takes at most half a slot (a turn's
+        length), plus the clocks' grace, unless iperf3.max_test_seconds says otherwise."""
+        if cfg.iperf3.max_test_seconds is not None:
+            return cfg.iperf3
+        return cfg.iperf3.model_copy(update={"max_test_seconds": cfg.schedule.slot_seconds / 2 + TURN_GRACE_SECONDS})
+
     async def run(self, stop: asyncio.Event) -> None:
         """Run until `stop` is set; raises responders.ResponderError when a port is taken."""
-        running = await responders.start(self.cfg.responders, self.cfg.iperf3, self.allowed, self.rooms.host,
-                                         self.iperf3_admission, lambda: self.clock_bound.seconds)  # fmt: skip
+        running = await responders.start(
+            self.cfg.responders,
+            self.iperf3_settings(self.cfg),
+            self.allowed,
+            self.rooms.host,
+            self.iperf3_admission,
+            lambda: self.clock_bound.seconds,
+            self.iperf3,
+        )
         self.responders_listening = True
         Pacer.of(asyncio.get_running_loop()).late = self.rooms.host
         self._probing = self._start_probers()
-        background = [asyncio.create_task(self.turns.run(stop), name="throughput"),
-                      asyncio.create_task(self.read_allowances(), name="allowances"),
-                      asyncio.create_task(self.clock_bound.run(), name="clock-bound")]  # fmt: skip
+        background = [
+            asyncio.create_task(self.turns.run(stop), name="throughput"),
+            asyncio.create_task(flowreader.run(self.flows, self.rooms.flows), name="flows"),
+            asyncio.create_task(self.read_allowances(), name="allowances"),
+            asyncio.create_task(self.clock_bound.run(), name="clock-bound"),
+        ]
         try:
             await stop.wait()
         finally:

@@ -14,7 +14,10 @@ def write_atomic(path: str | Path, data: str | bytes, mode: int = 0o644) -> None
     and the temporary file is removed."""
     path = Path(path)
     raw = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:  # its directory is missing or not writable: name the file asked for
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(raw)

@@ -33,9 +33,15 @@ def ruleset(cfg: Config) -> str:
     v4 = sorted({str(n) for n in allowed if n.version == 4})
     v6 = sorted({str(n) for n in allowed if n.version == 6})
     # IPv4-mapped IPv6 peers reach the port over IPv4.
-    v4 += sorted({f"{n.network_address.ipv4_mapped}/{n.prefixlen - 96}" for n in allowed
-                  if isinstance(n, ipaddress.IPv6Network) and n.network_address.ipv4_mapped})  # fmt: skip
-    port = cfg.iperf3.port
+    v4 += sorted(
+        {
+            f"{n.network_address.ipv4_mapped}/{n.prefixlen - 96}"
+            for n in allowed
+            if isinstance(n, ipaddress.IPv6Network) and n.network_address.ipv4_mapped
+        }
+    )
+    ports = cfg.iperf3.ports
+    port = str(ports[0]) if len(ports) == 1 else f"{ports[0]}-{ports[-1]}"
 
     def elements(items: list[str]) -> str:
         return f" elements = {{ {', '.join(items)} }};" if items else ""

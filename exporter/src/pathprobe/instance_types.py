@@ -63,6 +63,8 @@ class InstanceType(BaseModel):
     ena: str | None = None  # EnaSupport: required, supported, unsupported
     performance: str = ""  # NetworkPerformance, the marketing figure ("Up to 16 Gigabit")
     cards: tuple[Card, ...] = Field(min_length=1)
+    # ProcessorInfo.SupportedArchitectures (arm64, x86_64, ...): what a vCPU of it carries differs.
+    architectures: tuple[str, ...] = ()
 
     @property
     def card(self) -> Card:
@@ -236,12 +238,17 @@ def parse_instance_type(where: str, item: Any) -> tuple[str, InstanceType]:
         raise bad("NetworkInfo.DefaultNetworkCardIndex", f"{default!r} names no card")
     ena = net.get("EnaSupport")
     performance = net.get("NetworkPerformance", "")
+    processor = item.get("ProcessorInfo")
+    architectures = processor.get("SupportedArchitectures", []) if isinstance(processor, dict) else []
+    if not isinstance(architectures, list) or not all(isinstance(a, str) and a for a in architectures):
+        raise bad("ProcessorInfo.SupportedArchitectures", f"not a list of names: {architectures!r}")
     return name, InstanceType(
         vcpus=vcpus,
         default_card=default,
         ena=ena if isinstance(ena, str) else None,
         performance=performance if isinstance(performance, str) else "",
         cards=tuple(cards),
+        architectures=tuple(architectures),
     )
 
 

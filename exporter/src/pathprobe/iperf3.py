@@ -40,9 +40,20 @@ def version(binary: str) -> tuple[int, int] | None:
     return (int(found[1]), int(found[2])) if found else None
 
 
+def version_text(binary: str) -> str | None:
+    """`binary`'s version as "major.minor" (what ends.threads_per_stream reads), None if unknown."""
+    found = version(binary)
+    return f"{found[0]}.{found[1]}" if found else None
+
+
+def has_option(binary: str, option: str) -> bool:
+    """Whether `binary`'s --help lists `option`."""
+    return option in (_output(binary, "--help") or "")
+
+
 def has_pkcs1_option(binary: str) -> bool:
     """Whether `binary` pads with OAEP and can be told to use the old padding."""
-    return PKCS1_OPTION in (_output(binary, "--help") or "")
+    return has_option(binary, PKCS1_OPTION)
 
 
 def server_options(binary: str, legacy_rsa_padding: bool) -> list[str]:
@@ -67,5 +78,7 @@ def describe(binary: str, legacy_rsa_padding: bool) -> tuple[int, str]:
         return logging.INFO, f"{name}: authenticated tests use OAEP padding"
     if client_options(binary, legacy_rsa_padding):
         return logging.INFO, f"{name}: authenticated tests use the old (PKCS#1) padding (legacy_rsa_padding)"
-    return logging.WARNING, (f"{name}: serves the old (PKCS#1) padding (legacy_rsa_padding), but its client "
-                             "has OAEP only: its tests of hosts with iperf3 older than 3.17 fail")  # fmt: skip
+    return logging.WARNING, (
+        f"{name}: serves the old (PKCS#1) padding (legacy_rsa_padding), but its client "
+        "has OAEP only: its tests of hosts with iperf3 older than 3.17 fail"
+    )

@@ -5,11 +5,9 @@ SIGHUP to `pathprobe run` is only remembered; the exporter reloads once its loop
 
 from __future__ import annotations
 
-import signal
 import sys
 
-_sighups: list[int] = []
-
+from . import sighup
 
 # The command's options that take a value as the next argument (commands/__init__.py).
 _VALUED = ("--log.level", "--log-level", "--log.format")
@@ -28,14 +26,7 @@ def verb(argv: list[str]) -> str | None:
 
 def main() -> int:
     if verb(sys.argv[1:]) == "run":
-        signal.signal(signal.SIGHUP, lambda signum, _frame: _sighups.append(signum))
+        sighup.remember()
     from .commands import main as command  # after the handler, on purpose
 
     return command()
-
-
-def sighup_pending() -> bool:
-    """Whether a SIGHUP came before the exporter's own handler took over (and forget it)."""
-    pending = bool(_sighups)
-    _sighups.clear()
-    return pending

@@ -48,10 +48,35 @@ ADV_WIN_SCALE_DEFAULT = 1
 # is limited by tcp_wmem max x payload/truesize, the ratio 6.6+ also advertises. The lab's
 # 0.78 is the only measurement of it the project has (MTU 1500; MTU 9001 is likely higher).
 SEND_SHARE = SHARE_SINCE_6_6
-# Limits AWS documents as a floor to plan on but that paths were measured above (a 48-vCPU
-# instance 71 Gbps inter-region against a documented 37.5: docs/SOURCES.md): left out of
-# the ceiling (Expected.ceiling_*), kept in the floor.
-FLOOR_ONLY = frozenset({"region_cap"})
+
+
+@dataclass(frozen=True)
+class LimitKind:
+    """One limit a test can meet (the `limit` label's values): its wording for a reader; whether
+    it is only a floor (AWS documents it as one to plan on, but paths were measured above it: a
+    48-vCPU instance 71 Gbps inter-region against a documented 37.5, docs/SOURCES.md; left out of
+    the ceiling, Expected.ceiling_*, kept in the floor); whether it is one of the test's own ends
+    (ends.py: the test measured a host, not the path)."""
+
+    wording: str
+    floor_only: bool = False
+    own_end: bool = False
+
+
+LIMIT_KINDS = {
+    "per_flow": LimitKind("the per-flow limit"),
+    "instance": LimitKind("the instance bandwidth"),
+    "region_cap": LimitKind("the inter-region cap", floor_only=True),
+    "transit_gateway": LimitKind("the Transit Gateway attachment limit"),
+    "receive_window": LimitKind("the receive window"),
+    "send_buffer": LimitKind("the send buffer"),
+    "target_rate": LimitKind("the UDP target rate"),
+    "override": LimitKind("the configured expected rate"),
+    "receiver_cpu": LimitKind("the receiving host's CPU", own_end=True),
+    "sender_cpu": LimitKind("the sending host's CPU", own_end=True),
+    "receiver_drops": LimitKind("the receiver's UDP socket buffer", own_end=True),
+}
+FLOOR_ONLY = frozenset(name for name, kind in LIMIT_KINDS.items() if kind.floor_only)
 
 
 class Source(BaseModel):
@@ -111,11 +136,31 @@ class _Tgw(BaseModel):
         return max(rows, key=lambda h: h.source.read).source
 
 
+class Article(BaseModel):
+    """A measurement published in an article (no AWS page states it): its title, where, and when."""
+
+    model_config = ConfigDict(extra="forbid")
+    title: str = Field(min_length=1)
+    publisher: str = Field(min_length=1)
+    published: dt.date
+
+    def cited(self) -> str:
+        return f'"{self.title}", {self.publisher}, {self.published.isoformat()}'
+
+
+class _HostCpu(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    receive_gbps_per_vcpu: float = Field(gt=0)
+    note: str = ""
+    article: Article
+
+
 class LimitsTable(BaseModel):
     model_config = ConfigDict(extra="forbid")
     per_flow: dict[str, _Row]
     region_cap: _RegionCap
     transit_gateway: _Tgw
+    host_cpu: dict[str, _HostCpu] = Field(default_factory=dict)  # by architecture
 
 
 @cache
@@ -130,8 +175,8 @@ def table(path: Path | None = None) -> LimitsTable:
 class Expected:
     """What a test should reach. `bits_per_second`/`limit`/`candidates`: the FLOOR (instance
     baselines), the figure alerts compare with; `peak_*`: the same with instance peaks
-    (context: what a test may reach while burst credits last). Names of limits: per_flow,
-    instance, region_cap, transit_gateway, receive_window, send_buffer, target_rate, override."""
+    (context: what a test may reach while burst credits last). The names of its limits are
+    LIMIT_KINDS'."""
 
     bits_per_second: float
     limit: str
@@ -194,6 +239,19 @@ def window_share(release: str | None = None, adv_win_scale: int | None = None) -
     return 1 - 2.0**-adv_win_scale if adv_win_scale > 0 else 2.0**adv_win_scale
 
 
+def receiver_cpu_bound(
+    receiver: instance_types.InstanceType | None, stream_threads: int, limits: LimitsTable | None = None
+) -> float | None:
+    """Bits/s the receiving instance's vCPUs carry for an iperf3 test whose receiver runs
+    `stream_threads` threads (one per stream from iperf3 3.16, one per process before); None for
+    an unknown type or an architecture without a published figure (never guessed)."""
+    t = limits or table()
+    rows = [t.host_cpu[a] for a in (receiver.architectures if receiver else ()) if a in t.host_cpu]
+    if receiver is None or not rows:
+        return None
+    return min(receiver.vcpus, stream_threads) * rows[0].receive_gbps_per_vcpu * GBPS
+
+
 def buffer_bound(buffer_bytes: int, rtt_seconds: float, streams: int, share: float) -> float:
     """Bits/s that `streams` TCP flows can carry with this buffer (tcp_rmem or tcp_wmem max) at this RTT."""
     return buffer_bytes * share * 8 / rtt_seconds * streams
@@ -236,9 +294,11 @@ def expected(  # noqa: PLR0913, PLR0917 - the model's inputs, each one a limit's
     share: float | None = None,
     types: instance_types.Table | None = None,
     send_share: float | None = None,
+    receiver_cpu: float | None = None,
 ) -> Expected:
     """The floor and the peak of one test from this host (`host_instance`) to `peer`.
-    `send_share`: the share of tcp_wmem max in flight (None: `share`, as the live review has it)."""
+    `send_share`: the share of tcp_wmem max in flight (None: `share`, as the live review has it);
+    `receiver_cpu`: what the receiving host's vCPUs carry (receiver_cpu_bound), a limit of its own."""
     t = limits or table()
     o = peer.limits
     if o.expected_bits_per_second:
@@ -256,6 +316,8 @@ def expected(  # noqa: PLR0913, PLR0917 - the model's inputs, each one a limit's
             common["send_buffer"] = buffer_bound(sender_wmem_max, rtt_seconds, streams, send_share or share)
     if protocol == "udp" and udp_target:
         common["target_rate"] = udp_target
+    if receiver_cpu:
+        common["receiver_cpu"] = receiver_cpu
 
     named = [name for name in (host_instance, peer.instance_type) if name]
     types = types or instance_types.load()

@@ -47,5 +47,6 @@ def setup(level: str, fmt: str) -> None:
     """Every record of the process to standard error, in `fmt`, from `level` up."""
     handler = logging.StreamHandler()
     handler.setFormatter(Json() if fmt == "json" else Logfmt())
-    logging.basicConfig(level=logging.WARNING if level == "warn" else getattr(logging, level.upper()),
-                        handlers=[handler], force=True)  # fmt: skip
+    logging.basicConfig(
+        level=logging.WARNING if level == "warn" else getattr(logging, level.upper()), handlers=[handler], force=True
+    )

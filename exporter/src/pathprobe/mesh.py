@@ -52,8 +52,10 @@ def check(members: list[Member], policy: Policy, where: str = "mesh") -> None:
         by_region = _by_region(members)
         small = sorted(r for r, hosts in by_region.items() if len(hosts) < policy.representatives)
         if small and len(by_region) > 1:
-            raise MeshError(f"{where}.representatives: {policy.representatives} is more than the hosts of "
-                            f"region(s) {', '.join(small)}")  # fmt: skip
+            raise MeshError(
+                f"{where}.representatives: {policy.representatives} is more than the hosts of "
+                f"region(s) {', '.join(small)}"
+            )
 
 
 def links(members: list[Member], policy: Policy, where: str = "mesh") -> set[tuple[str, str]]:

@@ -17,8 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .config import Config, PathClass, Peer, TestSpec
+from .config import Config, PathClass, Peer
 from .limits import expected
+from .probe_settings import TestSpec
 from .schedule import Schedule
 
 SECONDS_PER_DAY = 86_400
@@ -70,10 +71,12 @@ class Plan:
         per_day = SECONDS_PER_DAY / rotation
         peers = {t.peer for t in self.tests}
         return Cadence(
-            slot_seconds, rotation, per_day * len(self.tests) / max(1, len(peers)),
+            slot_seconds,
+            rotation,
+            per_day * len(self.tests) / max(1, len(peers)),
             per_day * self.bytes_per_rotation,
             per_day * sum(t.bytes / 1e9 * self.prices.get(t.path_class, 0.0) for t in self.tests),
-        )  # fmt: skip
+        )
 
     def within_budget(self) -> Cadence:
         """The shortest whole-second slot whose rotations move no more than the daily budget
@@ -102,9 +105,16 @@ def plan(cfg: Config, steady_state: bool | None = None) -> Plan:
         if not settings.enabled:
             continue
         for test in settings.tests():
-            e = expected(peer, cfg.host.instance_type, test.protocol, int(test.streams), None, None,
-                         settings.udp_bitrate)  # fmt: skip
+            e = expected(
+                peer, cfg.host.instance_type, test.protocol, int(test.streams), None, None, settings.udp_bitrate
+            )
             rate = e.peak_bits_per_second if math.isfinite(e.peak_bits_per_second) else e.bits_per_second
             tests.append(PlannedTest(peer.name, peer.path_class, test, rate, _seconds(cfg, peer, test, steady_state)))
-    return Plan(cfg.host.name, len(schedule.rounds), tuple(tests), 2 * cfg.half_slot_need(), cfg.budget.daily_bytes,
-                dict(cfg.budget.price_per_gb))  # fmt: skip
+    return Plan(
+        cfg.host.name,
+        len(schedule.rounds),
+        tuple(tests),
+        2 * cfg.half_slot_need(),
+        cfg.budget.daily_bytes,
+        dict(cfg.budget.price_per_gb),
+    )

@@ -14,16 +14,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import instance_types
-from .capacity import _NAMES, format_duration
+from . import ends, instance_types
+from .capacity import format_duration, wording
 from .config import Limits, PathClass, Peer
-from .limits import Expected, expected
+from .limits import Expected, expected, receiver_cpu_bound
 from .units import format_bits
 
 # Linux's tcp_rmem / tcp_wmem max on a host with enough memory (Amazon Linux 2023 shows
 # these: docs/SOURCES.md); a plan names its own with --rmem-max / --wmem-max.
 DEFAULT_RMEM_MAX = 6291456
 DEFAULT_WMEM_MAX = 4194304
+# The iperf3 a plan assumes: Ubuntu 24.04's, the first with a thread per stream (Debian 13 has
+# 3.18; Debian 12 3.12 and Ubuntu 22.04 3.9 run every stream of a process on one thread).
+DEFAULT_IPERF3_VERSION = "3.16"
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,12 @@ class Inputs:
     send_share: float
     # --limit NAME=RATE, as a peer's `limits:` (e.g. no EC2 per-flow limit off EC2)
     overrides: Limits = field(default_factory=Limits)
+    # The receiver's iperf3 and the processes a test is split over: the threads its CPU runs.
+    iperf3_version: str = DEFAULT_IPERF3_VERSION
+    processes: int = 1
+
+    def stream_threads(self, streams: int) -> int:
+        return streams if ends.threads_per_stream(self.iperf3_version) else min(streams, self.processes)
 
 
 @dataclass(frozen=True)
@@ -57,19 +66,39 @@ class PredictedRow:
 def unknown_types(inputs: Inputs, types: instance_types.Table | None = None) -> list[str]:
     """The options naming a type the table does not know: a plan never guesses bandwidth."""
     types = types or instance_types.load()
-    return [f"{opt} {name!r}" for opt, name in (("--from", inputs.from_type), ("--to", inputs.to_type))
-            if types.get(name) is None]  # fmt: skip
+    return [
+        f"{opt} {name!r}"
+        for opt, name in (("--from", inputs.from_type), ("--to", inputs.to_type))
+        if types.get(name) is None
+    ]
 
 
 def predict(inputs: Inputs, streams: list[int], types: instance_types.Table | None = None) -> list[PredictedRow]:
     # The model reads the peer's class and type; "this host" is the sender (--from).
-    peer = Peer(name="to", address="0.0.0.0", region="-", path_class=inputs.path_class, instance_type=inputs.to_type,
-                limits=inputs.overrides)  # fmt: skip
+    peer = Peer(
+        name="to",
+        address="0.0.0.0",
+        region="-",
+        path_class=inputs.path_class,
+        instance_type=inputs.to_type,
+        limits=inputs.overrides,
+    )
+    receiver = (types or instance_types.load()).get(inputs.to_type)
     rows = []
     for n in streams:
-        e = expected(peer, inputs.from_type, "tcp", n, inputs.rmem_max, inputs.rtt_seconds,
-                     sender_wmem_max=inputs.wmem_max, share=inputs.window_share, types=types,
-                     send_share=inputs.send_share)  # fmt: skip
+        e = expected(
+            peer,
+            inputs.from_type,
+            "tcp",
+            n,
+            inputs.rmem_max,
+            inputs.rtt_seconds,
+            sender_wmem_max=inputs.wmem_max,
+            share=inputs.window_share,
+            types=types,
+            send_share=inputs.send_share,
+            receiver_cpu=receiver_cpu_bound(receiver, inputs.stream_threads(n)),
+        )
         rows.append(PredictedRow(n, e))
     return rows
 
@@ -96,6 +125,8 @@ def to_json(inputs: Inputs, rows: list[PredictedRow], volume: float | None, pric
         "sender_tcp_wmem_max_bytes": inputs.wmem_max,
         "window_share": inputs.window_share,
         "send_share": inputs.send_share,
+        "iperf3_version": inputs.iperf3_version,
+        "processes": inputs.processes,
         "volume_bytes": volume,
         "price_per_gb": price,
         "rows": [
@@ -118,24 +149,30 @@ def text_report(inputs: Inputs, rows: list[PredictedRow], volume: float | None, 
         f"capacity prediction: {inputs.from_type} -> {inputs.to_type}, {inputs.path_class.value}, "
         f"RTT {inputs.rtt_seconds * 1e3:.3g} ms",
         f"receiver tcp_rmem max {inputs.rmem_max} B ({inputs.window_share:.2g} advertised), sender tcp_wmem max "
-        f"{inputs.wmem_max} B ({inputs.send_share:.2g} in flight)",
+        f"{inputs.wmem_max} B ({inputs.send_share:.2g} in flight); iperf3 {inputs.iperf3_version}"
+        + (f" x{inputs.processes} processes" if inputs.processes > 1 else ""),
         "",
         f"{'streams':>7} {'floor':>12} {'bound by':<22} {'peak':>12} {'bound by':<22}"
         + (f" {'time at floor':>13} {'at peak':>9}" if volume else ""),
     ]
     for r in rows:
-        line = (f"{r.streams:>7} {format_bits(r.floor):>12} {r.expected.limit:<22} {format_bits(r.peak):>12} "
-                f"{r.expected.ceiling_limit:<22}")  # fmt: skip
+        line = (
+            f"{r.streams:>7} {format_bits(r.floor):>12} {r.expected.limit:<22} {format_bits(r.peak):>12} "
+            f"{r.expected.ceiling_limit:<22}"
+        )
         t = transfer(r, volume, price)
         if t:
             line += f" {format_duration(t['seconds']):>13} {format_duration(t['peak_seconds']):>9}"
         lines.append(line)
     if volume:
         cost = f", transfer cost ${volume / 1e9 * price:,.0f}" if price is not None else ""
-        lines += ["", f"moving {volume / 1e12:g} TB: plan on the floor (a burst instance falls to its baseline once "
-                      f"credits are spent; AWS does not publish when); the peak is the best case{cost}"]  # fmt: skip
-    bound = {r.expected.limit for r in rows}
-    lines += [f"{k}: {_NAMES[k]}" for k in sorted(bound) if k in _NAMES]
+        lines += [
+            "",
+            f"moving {volume / 1e12:g} TB: plan on the floor (a burst instance falls to its baseline once "
+            f"credits are spent; AWS does not publish when); the peak is the best case{cost}",
+        ]
+    bound = {r.expected.limit for r in rows} | {r.expected.ceiling_limit for r in rows}
+    lines += [f"{k}: {wording(k)}" for k in sorted(bound)]
     return "\n".join(lines)
 
 
@@ -146,9 +183,14 @@ def read_plan(path: Path) -> dict[int, dict[str, Any]]:
     """The rows of a saved `--predict --json`, by stream count. Raises ValueError naming --plan."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-        rows = {int(r["streams"]): {**r, "floor_bits_per_second": float(r["floor_bits_per_second"]),
-                                    "peak_bits_per_second": float(r["peak_bits_per_second"])}
-                for r in doc["rows"]}  # fmt: skip
+        rows = {
+            int(r["streams"]): {
+                **r,
+                "floor_bits_per_second": float(r["floor_bits_per_second"]),
+                "peak_bits_per_second": float(r["peak_bits_per_second"]),
+            }
+            for r in doc["rows"]
+        }
         if any(min(r["floor_bits_per_second"], r["peak_bits_per_second"]) <= 0 for r in rows.values()):
             raise ValueError("a rate is not positive")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
@@ -164,13 +206,17 @@ def against_plan(measured: dict[int, float | None], plan: dict[int, dict[str, An
         if p is None:
             continue
         floor, peak = float(p["floor_bits_per_second"]), float(p["peak_bits_per_second"])
-        out.append({
-            "streams": n, "measured_bits_per_second": rate,
-            "planned_floor_bits_per_second": floor, "planned_peak_bits_per_second": peak,
-            "planned_binding_limit": p.get("binding_limit"),
-            "measured_over_planned_floor": rate / floor if rate else None,
-            "measured_over_planned_peak": rate / peak if rate else None,
-        })  # fmt: skip
+        out.append(
+            {
+                "streams": n,
+                "measured_bits_per_second": rate,
+                "planned_floor_bits_per_second": floor,
+                "planned_peak_bits_per_second": peak,
+                "planned_binding_limit": p.get("binding_limit"),
+                "measured_over_planned_floor": rate / floor if rate else None,
+                "measured_over_planned_peak": rate / peak if rate else None,
+            }
+        )
     return out
 
 
@@ -180,8 +226,10 @@ def against_plan_text(rows: list[dict[str, Any]]) -> str:
     lines = ["against the plan:", f"{'streams':>7} {'measured':>12} {'planned floor':>13} {'peak':>12}  measured/peak"]
     for r in rows:
         rate = r["measured_bits_per_second"]
-        lines.append(f"{r['streams']:>7} {format_bits(rate) if rate else 'failed':>12} "
-                     f"{format_bits(r['planned_floor_bits_per_second']):>13} "
-                     f"{format_bits(r['planned_peak_bits_per_second']):>12}  "
-                     f"{'' if not rate else format(r['measured_over_planned_peak'], '.0%')}")  # fmt: skip
+        lines.append(
+            f"{r['streams']:>7} {format_bits(rate) if rate else 'failed':>12} "
+            f"{format_bits(r['planned_floor_bits_per_second']):>13} "
+            f"{format_bits(r['planned_peak_bits_per_second']):>12}  "
+            f"{'' if not rate else format(r['measured_over_planned_peak'], '.0%')}"
+        )
     return "\n".join(lines)

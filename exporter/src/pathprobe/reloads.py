@@ -4,7 +4,8 @@ Reading and checking a 10,000-member config and computing its schedule takes sec
 event loop the responders would not answer meanwhile and peers would count this host's RTT
 probes and echoes as lost. So the file is read in a thread, the schedule (a sampled 10,000-member
 mesh: 2.5 million pairs, long sorts that hold the interpreter's lock, a gigabyte) is computed in a
-process of its own that hands back only this host's view of it, and just the swap runs on the
+process of its own that hands back only this host's view of it (a small mesh's, in a thread: a new
+interpreter costs more than the schedule), and just the swap runs on the
 loop (Exporter.apply). Requests that arrive while a reload runs are answered by one more reload
 after it: a burst of SIGHUPs costs two reloads, not one per signal, and each answer comes from a
 reload that read the file after it was asked for.
@@ -33,13 +34,26 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 A = TypeVar("A")
 _SPAWN = multiprocessing.get_context("spawn")
+# Up to this many members the schedule is computed in a thread: 2.4-2.8 ms of an idle 2-core VM
+# (200 members: 13-30 ms, in calls that hold the interpreter's lock from the responders). A child
+# process costs a new interpreter's start: reloads of a 6-host lab took 0.4-1.8 s each, and six
+# hosts reloading at once beside three other labs on a busy 2-core VM took over 20 s.
+SCHEDULE_IN_THREAD_MEMBERS = 100
 
 
 class Reloads:
-    def __init__(self, exporter: Exporter, path: str | Path, also: Callable[[], object] | None = None):
+    def __init__(
+        self,
+        exporter: Exporter,
+        path: str | Path,
+        also: Callable[[], object] | None = None,
+        applied: Callable[[], None] = lambda: None,
+    ):
         """`also`: read again at each reload besides the config (the web config file), in a thread;
-        it logs and counts its own outcome, which leaves the config's untouched."""
-        self.exporter, self.path, self.also = exporter, path, also
+        it logs and counts its own outcome, which leaves the config's untouched. `applied`: told when
+        a new config is in force (/metrics renders at once: a peer the reload removed is gone from the
+        next scrape, not from one a render interval later)."""
+        self.exporter, self.path, self.also, self.applied = exporter, path, also, applied
         self._wanted = asyncio.Event()
         self._next: asyncio.Future[str | None] | None = None  # the answer of the next reload to start
 
@@ -76,10 +90,14 @@ class Reloads:
             applying = time.monotonic()
             self.exporter.apply(prepared)
             self.exporter.rooms.host.reloaded(ok=True)
+            self.applied()
             if (late := epoch_too_far_ahead(prepared.cfg, time.time())) is not None:
                 log.warning("%s: %s", self.path, late)
-            log.info("config reload: read and prepared in %.2f s off the event loop, applied in %.3f s on it",
-                     applying - started, time.monotonic() - applying)  # fmt: skip
+            log.info(
+                "config reload: read and prepared in %.2f s off the event loop, applied in %.3f s on it",
+                applying - started,
+                time.monotonic() - applying,
+            )
             await in_daemon_thread(release_memory)
             return None
         self.exporter.rooms.host.reloaded(ok=False)
@@ -89,6 +107,8 @@ class Reloads:
     async def _prepare(self) -> Prepared:
         cfg = await in_daemon_thread(lambda: load_with_peers(self.path))
         self.exporter.check_reloadable(cfg)
+        if len(cfg.members) <= SCHEDULE_IN_THREAD_MEMBERS:
+            return Prepared(cfg, await in_daemon_thread(lambda: schedule_view(cfg)))
         return Prepared(cfg, await in_child_process(schedule_view, cfg))
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import socket
 import struct
-import time
 from collections import OrderedDict
 from typing import Generic, TypeVar
 
@@ -118,16 +117,18 @@ def sent_time(read_ns: int, kernel_ns: int | None, arrived_ns: int) -> int:
     return kernel_ns if kernel_ns is not None and read_ns <= kernel_ns <= arrived_ns else read_ns
 
 
-def arrival_on_clock(read_ns: int, kernel_ns: int | None, arrived_ns: int, elapsed: float) -> int:
+def arrival_on_clock(read_ns: int, kernel_ns: int | None, arrived_ns: int, elapsed: float, now_ns: int) -> int:
     """An answer's arrival on this process's clock, for a clock offset (which compares the clocks
     processes read: a skewed one, as the lab's libfaketime makes, moves those reads, not the kernel's
     stamps): the clock read before its send plus the round trip between the kernel's transmit and
     receive stamps, when those fit within `elapsed` (the monotonic seconds since the send, the wait
-    to read the answer included: a stamp of another send cannot); else the clock read now, late by
-    that wait."""
+    to read the answer included: a stamp of another send cannot); else `now_ns`, the clock read
+    with the monotonic one that `elapsed` ends at (late by that wait). Read later, a preemption
+    between the two reads would make the exchange's delay exceed `elapsed` and the echo's clocks
+    be refused as impossible."""
     if kernel_ns is not None and 0 < arrived_ns - kernel_ns <= elapsed * 1e9:
         return read_ns + (arrived_ns - kernel_ns)
-    return time.time_ns()
+    return now_ns
 
 
 def kernel_time(ancdata: list[tuple[int, int, bytes]]) -> int | None:
@@ -149,8 +150,10 @@ def clock_offset(sent_ns: int, took_ns: int, answered_ns: int, back_ns: int) -> 
     return offset, delay
 
 
-def network_rtt(sent_ns: int, arrived_ns: int, elapsed: float, hold_ns: int) -> float:
-    """Seconds on the network: wall-clock stamps, less the responder's hold.
+def network_rtt(sent_ns: int, arrived_ns: int, elapsed: float, hold_ns: int) -> float | None:
+    """Seconds on the network: wall-clock stamps, less the responder's hold; None where the hold
+    the responder reports is not possible (at or beyond the whole round trip: the sample is not
+    one, whatever sent it: an older or broken responder, a middlebox that rewrote the bytes).
 
     A wall-clock step between the two stamps shows as a time outside (0, elapsed],
     where `elapsed` is the monotonic interval (wake-up included); that is then used.
@@ -158,4 +161,5 @@ def network_rtt(sent_ns: int, arrived_ns: int, elapsed: float, hold_ns: int) -> 
     wire = (arrived_ns - sent_ns) / 1e9
     if not 0 < wire <= elapsed:
         wire = elapsed
-    return wire - min(max(hold_ns / 1e9, 0.0), wire)
+    hold = hold_ns / 1e9
+    return wire - hold if 0 <= hold < wire else None

@@ -4,35 +4,40 @@ turn, the byte budget, and recording what they measured."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from . import ena
+from . import ena, evidence
 from .budget import Budget
-from .config import Config, Peer, TestSpec, ThroughputSettings
+from .config import Config, Peer
 from .expected import ExpectedTracker
-from .metrics.common import TestKey
+from .keys import TestKey
+from .kinds import THROUGHPUT
+from .limits import Expected
+from .load import OwnTests
+from .metrics.evidence import EvidenceRoom
 from .metrics.host import HostRoom
-from .metrics.throughput import ThroughputRoom
-from .probes import PROBERS, Prober, Reason, Target, ThroughputResult, ThroughputTest
+from .metrics.throughput import TestRecorder, ThroughputRoom
+from .probe_settings import TestSpec, ThroughputSettings
+from .probes import Prober, Target, ThroughputResult, ThroughputTest
 from .probes.steady import Detector
+from .probes.throughput import ThroughputSink
+from .responders import Iperf3ServerState
 from .schedule import Timetable
 
 log = logging.getLogger(__name__)
 
-# After a test, the shapers' and the peer's queues still hold its last window of data.
-DRAIN_SECONDS = 1.0
 # A wait for a turn reads the wall clock this often: a stepped clock (NTP) is noticed then.
 CLOCK_CHECK_SECONDS = 5.0
 # A test waiting for a peer's test on this host's server to end looks this often.
 SERVED_POLL_SECONDS = 0.1
 
 
-class Plan(NamedTuple):
+class TurnInputs(NamedTuple):
     """What turns are planned with; a reload replaces all three at once."""
 
     cfg: Config
@@ -40,55 +45,45 @@ class Plan(NamedTuple):
     tracker: ExpectedTracker
 
 
-class TestSink:
-    """Where one scheduled test's outcome goes (probes.base.ThroughputSink): the throughput
-    room, and the log for a test that gave no result."""
+@dataclass
+class _Logged:
+    """What the log says of one test: its outcome and, for one that ran, its iperf3's span."""
 
-    def __init__(self, room: ThroughputRoom, key: TestKey):
-        self.room, self.key = room, key
-
-    def result(self, result: ThroughputResult) -> None:
-        self.room.record(self.key, result)
-
-    def failure(self, reason: Reason, detail: str) -> None:
-        self.room.failed(self.key.peer, reason)
-        log.info("throughput %s %s: %s: %s", self.key.peer, "/".join(self.key.spec), reason, detail)
+    outcome: str = "error"
+    span: tuple[float, float] | None = None
 
 
 class ThroughputTurns:
-    def __init__(  # noqa: PLR0913, PLR0917 - the plan, the rooms and budget it writes to, the clock and its wait
-        self, plan: Plan, results: ThroughputRoom, host: HostRoom, budget: Budget,
-        clock: Callable[[], float], sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ):  # fmt: skip
+    def __init__(  # noqa: PLR0913, PLR0917 - the plan, the rooms and budget it writes to, what it waits on, the clock and its wait
+        self,
+        plan: TurnInputs,
+        results: ThroughputRoom,
+        host: HostRoom,
+        budget: Budget,
+        clock: Callable[[], float],
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        *,
+        own: OwnTests,
+        server: Iperf3ServerState,
+        evidence: tuple[evidence.EvidenceStore, EvidenceRoom] | None = None,
+    ):
         self.results, self.host, self.budget, self.clock, self.sleep = results, host, budget, clock, sleep
+        self.own, self.server = own, server
+        self.evidence = evidence  # where each test's whole record is kept, and the room of its id
         self._take(plan)
-        self._next: Plan | None = None
+        self._next: TurnInputs | None = None
         self._last_bytes: dict[tuple[str, TestSpec], int] = {}
         self.interface = ena.interface(plan.cfg.host.interface)
         # Builds each test's prober (target, test, sink); a test may put a stand-in here.
-        self.make_prober: Callable[[Target, ThroughputTest, TestSink], Prober] = PROBERS["throughput"]
-        # When this host's own tests ran, with DRAIN_SECONDS after each: RTT samples taken
-        # then are "loaded" even where a retried test ran past the schedule's window.
-        self._running_since: float | None = None
-        self._ran: collections.deque[tuple[float, float]] = collections.deque(maxlen=8)
+        self.make_prober: Callable[[Target, ThroughputTest, ThroughputSink], Prober] = THROUGHPUT.prober
 
-    def _take(self, plan: Plan) -> None:
+    def _take(self, plan: TurnInputs) -> None:
         self.cfg, self.timetable, self.tracker = plan
         self.peers = {p.name: p for p in plan.cfg.peers}
 
-    def use(self, plan: Plan) -> None:
+    def use(self, plan: TurnInputs) -> None:
         """A reload: the next turn is planned with these (a turn under way ends as planned)."""
         self._next = plan
-
-    def in_test(self) -> bool:
-        """Whether one of this host's own tests runs now."""
-        return self._running_since is not None
-
-    def testing(self, at: float) -> bool:
-        """Whether this host was in one of its own tests at `at` (or just after one)."""
-        if self._running_since is not None and at >= self._running_since:
-            return True
-        return any(start <= at < end for start, end in self._ran)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Take every turn of this host until `stop`. Never ends on an error: a turn that
@@ -156,78 +151,157 @@ class ThroughputTurns:
 
     async def _run_test(self, peer: Peer, test: ThroughputTest, spec: TestSpec, deadline: float) -> None:
         """One test, tried again while the peer's server is busy and the turn has time for it."""
-        target = Target(str(peer.address), peer.iperf3_port or self.cfg.iperf3.port, self.cfg.host.probe_source)
+        target = THROUGHPUT.target(self.cfg, peer)
         key = TestKey.of(peer.name, spec)
         while True:
             if self.clock() + test.max_seconds() > deadline:
                 self.results.skip(peer.name, "slot_over")
                 return
             before = await asyncio.to_thread(ena.read, self.interface)
-            if self.host.iperf3_serving:
+            if self.server.serving:
                 # A peer's test runs on this host's server (its clock is ahead, or its test overran):
                 # a host is in one test at a time, so this one waits, or is skipped at the turn's end.
                 if not await self._served(deadline - test.max_seconds()):
                     self.results.skip(peer.name, "serving_peer")
                     return
                 continue
-            with self._in_test(peer.name, spec) as outcome_of:
-                outcome = await self.make_prober(target, test, TestSink(self.results, key)).run()
-                outcome_of[0] = "ran" if isinstance(outcome, ThroughputResult) else str(outcome)
+            witness = evidence.Witness(TestRecorder(self.results, key))
+            started = self.clock()
+            with self._in_test(peer.name, spec) as logged:
+                outcome = await self.make_prober(target, test, witness).run()
+                logged.outcome = "ran" if isinstance(outcome, ThroughputResult) else str(outcome)
+                if isinstance(outcome, ThroughputResult) and outcome.started_timestamp:
+                    logged.span = (outcome.started_timestamp, outcome.timestamp)
             if outcome == "busy":
                 await self.sleep(random.uniform(1, 3))
                 continue
+            expected, after = None, None
             if isinstance(outcome, ThroughputResult):
-                await self._after(peer, key, outcome, before)
+                expected, after = await self._after(peer, key, outcome, before)
+            span = (started, self.clock())
+            ran = outcome if isinstance(outcome, ThroughputResult) else str(outcome)
+            record = self._record(key, test, span, ran, witness.detail, expected, (before, after))
+            await self._keep(key, record)
             return
 
     async def _served(self, until: float) -> bool:
         """Wait until no peer's test runs on this host's server, or until `until`: whether it ended."""
-        while self.host.iperf3_serving and self.clock() < until:
+        while self.server.serving and self.clock() < until:
             await self.sleep(SERVED_POLL_SECONDS)
-        return not self.host.iperf3_serving
+        return not self.server.serving
 
-    async def _after(self, peer: Peer, key: TestKey, result: ThroughputResult, before: dict[str, int] | None) -> None:
-        """A test's result: its expected value, the allowance counters it raised, its bytes."""
-        self.tracker.rate(peer, key.spec, result)
+    async def _after(
+        self, peer: Peer, key: TestKey, result: ThroughputResult, before: dict[str, int] | None
+    ) -> tuple[Expected, dict[str, int] | None]:
+        """A test's result: its expected value, the allowance counters it raised, its bytes; returns
+        the expected value and the counters after it."""
+        expected = self.tracker.rate(peer, key.spec, result)
         after = await asyncio.to_thread(ena.read, self.interface)
         self.host.read_allowances(self.interface, after)
         if before is not None and after is not None:
             rises = ena.rose(before, after)
             self.results.allowances_rose(key, rises)
+            share = ena.srd_share(before, after)
+            if share is not None:
+                self.results.srd_share(key, share)
             if rises:
                 log.warning("throughput -> %s %s: %s", peer.name, key.spec, ena.explain(rises))
         self._last_bytes[peer.name, key.spec] = result.moved_bytes()
-        log.info("throughput -> %s %s x%s %s: %.4g Mbit/s", peer.name, *key.spec,
-                 result.receiver_bytes_per_second * 8e-6)  # fmt: skip
+        log.info(
+            "throughput -> %s %s x%s %s: %.4g Mbit/s", peer.name, *key.spec, result.receiver_bytes_per_second * 8e-6
+        )
         self.budget.spend(result.moved_bytes())
+        return expected, after
+
+    def _record(  # noqa: PLR0913, PLR0917 - what one test's record holds
+        self,
+        key: TestKey,
+        test: ThroughputTest,
+        span: tuple[float, float],
+        outcome: ThroughputResult | str,
+        detail: str,
+        expected: Expected | None,
+        counters: tuple[dict[str, int] | None, dict[str, int] | None],
+    ) -> dict[str, object]:
+        """The test's record for the evidence store: its settings, its whole result or why it gave
+        none, what it should have reached and the limit that says so, the ENA counters around it."""
+        before, after = counters
+        ran = isinstance(outcome, ThroughputResult)
+        settings = {k: v for k, v in asdict(test).items() if k != "steady_state"}
+        return evidence.record(
+            test_id=evidence.new_id(span[0]),
+            host=self.cfg.host.name,
+            key=key,
+            started=span[0],
+            ended=span[1],
+            outcome="ran" if ran else str(outcome),
+            detail=detail,
+            settings={**settings, "steady": test.steady is not None},
+            result=outcome.to_json() if isinstance(outcome, ThroughputResult) else None,
+            expected=asdict(expected) if expected is not None else None,
+            ena=_counters(before, after) if before or after else None,
+            rtt_median_seconds=self.tracker.rtt_median(key.peer),
+        )
+
+    async def _keep(self, key: TestKey, record: dict[str, object]) -> None:
+        """Keep the record (in a thread: the store writes and syncs a file); a full disk or a
+        broken directory is counted by the store and logged, never the turn's failure."""
+        if self.evidence is None:
+            return
+        store, room = self.evidence
+        try:
+            kept = await asyncio.to_thread(store.add, record)
+        except evidence.StoreError as exc:
+            log.warning("throughput -> %s: its record is not kept (%s): %s", key.peer, exc.reason, exc)
+            return
+        room.kept(key, kept.id)
 
     @contextlib.contextmanager
-    def _in_test(self, peer: str, key: TestSpec) -> Iterator[list[str]]:
+    def _in_test(self, peer: str, key: TestSpec) -> Iterator[_Logged]:
         # The test's span in the log (Unix seconds), and its outcome: "ran", or the reason it did not
-        # (a test the peer's server cut as it connected, e.g. out of turn, never held the peer).
-        self._running_since = started = self.clock()
-        outcome = ["error"]
+        # (a test the peer's server cut as it connected, e.g. out of turn, never held the peer). A test
+        # that ran logs the span its iperf3 processes ran in: the version check and the peer's report
+        # of its end come after, while the peer's server may already run the next host's test.
+        started = self.clock()
+        self.own.started(started)  # RTT samples from now are "loaded", even past the schedule's window
+        logged = _Logged()
         try:
-            yield outcome
+            yield logged
         finally:
-            self._running_since = None
             ended = self.clock()
-            self._ran.append((started, ended + DRAIN_SECONDS))
-            log.info("throughput test -> %s %s: from %.3f to %.3f (%s)", peer, "/".join(key), started, ended,
-                     outcome[0])  # fmt: skip
+            self.own.ended(ended)
+            began, over = logged.span or (started, ended)
+            log.info(
+                "throughput test -> %s %s: from %.3f to %.3f (%s)", peer, "/".join(key), began, over, logged.outcome
+            )
 
     def test(self, peer: Peer, s: ThroughputSettings, key: TestSpec) -> ThroughputTest:
         protocol, streams, direction = key
         auth = self.cfg.iperf3.auth
         return ThroughputTest(
-            protocol=protocol, streams=int(streams), direction=direction,
-            duration_seconds=s.duration_seconds, omit_seconds=s.omit_seconds,
-            congestion=s.congestion, udp_bitrate=s.udp_bitrate, window_bytes=s.window_bytes,
+            protocol=protocol,
+            streams=int(streams),
+            direction=direction,
+            duration_seconds=s.duration_seconds,
+            omit_seconds=s.omit_seconds,
+            congestion=s.congestion,
+            udp_bitrate=s.udp_bitrate,
+            window_bytes=s.window_bytes,
             username=auth.username if auth else None,
             password_file=auth.password_file if auth else None,
             public_key_file=auth.public_key_file if auth else None,
             legacy_rsa_padding=auth.legacy_rsa_padding if auth else False,
             steady_state=Detector.of(s.steady_state) if s.steady_state.enabled else None,
             rtt_hint_seconds=self.tracker.rtt_median(peer.name),
-            binary=self.cfg.iperf3.binary, margin_seconds=self.cfg.schedule.timeout_margin_seconds, dscp=s.dscp,
-        )  # fmt: skip
+            binary=self.cfg.iperf3.binary,
+            margin_seconds=self.cfg.schedule.timeout_margin_seconds,
+            dscp=s.dscp,
+            report_port=peer.rr_port or self.cfg.responders.rr_port,
+            processes=self.cfg.iperf3.processes,
+        )
+
+
+def _counters(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, object]:
+    """A record's ENA counters: before and after the test, the allowances that rose, SRD's share."""
+    rose, share = ena.rose(before, after), ena.srd_share(before, after)
+    return {"before": before, "after": after, "rose": rose, "srd_share": share}

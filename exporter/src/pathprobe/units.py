@@ -1,9 +1,14 @@
-"""Parsing of human-written rates and sizes ("500M", "40TB")."""
+"""Parsing of human-written rates, sizes and durations ("500M", "40TB", "8ms").
+
+In a config a bare number is in the field's unit (`timeout_seconds: 2`); on the command line a
+duration or a rate needs its unit (`parse_cli_duration`, `parse_cli_rate`, `parse_packet_rate`):
+`--rtt 8` might be 8 ms or 8 s, and read as seconds it planned a transfer of 147 days."""
 
 from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal
 
 _SI = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
 _BIN = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50}
@@ -85,14 +90,16 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds:.3g} s"
 
 
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(us|ms|s)?\s*$")
-_DURATION_SCALE = {"us": 1e-6, "ms": 1e-3, "s": 1.0, None: 1.0}
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(us|ms|s|m|h|d)?\s*$")
+_DURATION_SCALE = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+# A number alone: on the command line, refused for a duration or a rate (zero aside: it is zero in any unit).
+_BARE = re.compile(r"^\s*[0-9]*\.?[0-9]+(?:e[0-9]+)?\s*$", re.I)
 
 
 def parse_duration(value: object, what: str) -> float:
-    """'4ms' -> 0.004, '250us' -> 0.00025; a bare number is seconds."""
+    """'4ms' -> 0.004, '250us' -> 0.00025, '1m' -> 60, '1d' -> 86400; a bare number is seconds."""
     if isinstance(value, str):
-        m = _match(_DURATION, value, what, "4ms, 250us, 1.5s")
+        m = _match(_DURATION, value, what, "4ms, 250us, 1.5s, 1m")
         seconds = _finite(float(m.group(1)) * _DURATION_SCALE[m.group(2)], what)
     else:
         seconds = _number(value, what, "4ms")
@@ -116,3 +123,54 @@ def parse_ratio(value: object, what: str) -> float:
     if not 0 <= ratio <= 1:  # also refuses NaN
         raise ValueError(f"{what} must be between 0 and 1 (0% and 100%)")
     return ratio
+
+
+_DECIMAL_SCALE = {"us": Decimal("0.000001"), "ms": Decimal("0.001")}
+
+
+def _unitless(text: str) -> bool:
+    return len(text) <= _MAX_TEXT and _BARE.match(text) is not None and float(text) != 0
+
+
+def parse_cli_duration(text: str, what: str, unit: str = "s") -> float:
+    """A duration given on the command line, which must say its unit: '8' is refused with the
+    forms to write instead, in `unit` (the flag's usual one: "us", "ms" or "s") and another."""
+    if _unitless(text):
+        n = text.strip()
+        # Decimal: the other form exact and without an exponent, which a duration cannot have.
+        other = (
+            f"{(Decimal(n) * 1000).normalize():f}ms"
+            if unit == "s"
+            else f"{(Decimal(n) * _DECIMAL_SCALE[unit]).normalize():f}s"
+        )
+        raise ValueError(f"{what}: {n!r} has no unit; write e.g. {n}{unit} or {other}")
+    return parse_duration(text, what)
+
+
+def parse_cli_rate(text: str, what: str) -> float:
+    """A bit rate given on the command line: an SI prefix as iperf3's -b ('500M') or a unit
+    ('500Mbit/s', '9600bit/s'); '500' alone is refused (500 bit/s is rarely what was meant)."""
+    if _unitless(text):
+        n = text.strip()
+        raise ValueError(f"{what}: {n!r} has no unit; write e.g. {n}M or {n}Mbit/s (bits per second)")
+    return parse_quantity(text, what)
+
+
+_PACKET_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(?:/s|pps)\s*$")
+
+
+def parse_packet_rate(text: str, what: str) -> float:
+    """Packets per second on the command line: '50/s' or '50pps' (a bare number is refused)."""
+    if _unitless(text):
+        raise ValueError(f"{what}: {text.strip()!r} has no unit; write e.g. {text.strip()}/s (packets per second)")
+    m = _match(_PACKET_RATE, text, what, "50/s, 1000pps")
+    return _finite(float(m.group(1)), what)
+
+
+def format_prometheus_duration(seconds: float) -> str:
+    """Seconds as Prometheus writes a duration (whole units: 1m, 90s, 1500ms)."""
+    ms = round(seconds * 1000)
+    for unit, scale in (("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms and ms % scale == 0:
+            return f"{ms // scale}{unit}"
+    return f"{ms}ms"

@@ -33,6 +33,13 @@ for 16 more at offset 64 (80 bytes or more), a follow-up (two-step, as PTP's): o
 answer on this flow, its sequence plus one (zero: none yet) and the nanoseconds from the clock read
 that ended its hold to the kernel's transmit stamp of it, plus one (zero: no stamp). The prober
 adds that stretch to that answer's hold, so the responder's own send is not counted as network.
+
+A served test's report (on the rr port, beside the rr hello): the client sends b"PPTR", version 1,
+and the milliseconds it waits for a test of its own that still runs on the responder's iperf3
+server to end (RR_HELLO's layout); the responder answers b"Y", a big-endian u32 length and that
+many bytes of JSON: its iperf3 (version, the ports of its servers) and its end of the last test
+that client's address ran against them (ends.EndFigures, or null), or b"N" (a source it does not
+allow; an older responder answers b"N" to any hello but its own). At most REPORT_MAX_BYTES.
 """
 
 from __future__ import annotations
@@ -59,6 +66,12 @@ HOLD = struct.Struct("!Q")
 RR_FOLLOW_UP = struct.Struct("!Q")  # at the answer's start: the previous answer's stretch in ns + 1 (0: none)
 # A transmit stamp further from its answer's clock read than this belongs to another send.
 MAX_STRETCH_NS = 1_000_000_000
+
+# --- a served test's report
+REPORT_MAGIC = b"PPTR"
+REPORT_VERSION = 1
+REPORT_LENGTH = struct.Struct("!I")
+REPORT_MAX_BYTES = 16384
 
 # --- UDP echo
 ECHO_HEADER = struct.Struct("!4sQQQQ")
@@ -167,7 +180,7 @@ def echo_packet(seq: int, size: int, clock_ns: int, hold_ns: int = 0, received: 
 
 class Grid(Protocol):
     """Reads made on a shared grid's passes instead of a wake-up of the event loop each
-    (probes.base.Pacer)."""
+    (probes.pacer.Pacer)."""
 
     def read_on_grid(self, sock: socket.socket, read: Callable[[], None]) -> None: ...
     def stop_reading(self, sock: socket.socket) -> None: ...

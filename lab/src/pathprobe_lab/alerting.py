@@ -7,8 +7,8 @@ from typing import Any
 
 import yaml
 
+from pathprobe.monitoring.common import duration_seconds
 from pathprobe.monitoring.params import Params
-from pathprobe.monitoring.rules import duration_seconds
 
 from .configs import LAB_EVALUATION_INTERVAL
 

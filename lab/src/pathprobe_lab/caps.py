@@ -99,8 +99,11 @@ def host_caps(topo: Topology, host: LabHost) -> HostCaps | None:
 def transit_gateway_destinations(topo: Topology, host: LabHost) -> list[str]:
     """The subnets of the hosts this one reaches through a Transit Gateway."""
     paths = resolve(topo)
-    return [f"198.18.{j}.0/24" for j, h in enumerate(topo.hosts, start=1)
-            if h is not host and paths[(host.name, h.name)].path_class == PathClass.transit_gateway]  # fmt: skip
+    return [
+        f"198.18.{j}.0/24"
+        for j, h in enumerate(topo.hosts, start=1)
+        if h is not host and paths[(host.name, h.name)].path_class == PathClass.transit_gateway
+    ]
 
 
 def apply(topo: Topology, only: str | None = None) -> None:
@@ -118,15 +121,20 @@ def apply(topo: Topology, only: str | None = None) -> None:
             continue
         name = ns(host.name)
         tgw = transit_gateway_destinations(topo, host)
-        others = [f"198.18.{j}.0/24" for j, h in enumerate(topo.hosts, start=1)
-                  if h.region != host.region and f"198.18.{j}.0/24" not in tgw]  # fmt: skip
+        others = [
+            f"198.18.{j}.0/24"
+            for j, h in enumerate(topo.hosts, start=1)
+            if h.region != host.region and f"198.18.{j}.0/24" not in tgw
+        ]
         region_cap = caps.region_cap if others else None
         batch = []
         parent = "root"
         if caps.baseline and caps.peak:
-            batch.append(f"qdisc add dev eth0 root handle 1: tbf rate {_bits(caps.baseline)} "
-                         f"burst {caps.burst_bytes + PEAK_BUCKET_BYTES} peakrate {_bits(caps.peak)} "
-                         f"mtu {PEAK_BUCKET_BYTES} latency 200ms")  # fmt: skip
+            batch.append(
+                f"qdisc add dev eth0 root handle 1: tbf rate {_bits(caps.baseline)} "
+                f"burst {caps.burst_bytes + PEAK_BUCKET_BYTES} peakrate {_bits(caps.peak)} "
+                f"mtu {PEAK_BUCKET_BYTES} latency 200ms"
+            )
             parent = "parent 1:1"
         link = caps.peak or caps.per_flow * 64
         batch.append(f"qdisc add dev eth0 {parent} handle 2: htb default 3")
@@ -136,8 +144,10 @@ def apply(topo: Topology, only: str | None = None) -> None:
             batch.append(f"class add dev eth0 parent 2: classid 2:{minor} htb rate {_bits(rate)} {_ceil(rate)}")
             for k in range(FLOW_CLASSES):
                 # Leaves borrow everything above a token rate, so the aggregate above them binds.
-                batch.append(f"class add dev eth0 parent 2:{minor} classid 2:{minor * 0x1000 + k:x} htb "
-                             f"rate 1mbit ceil {_bits(caps.per_flow)} {_buckets(LEAF_BUCKET_BYTES)}")  # fmt: skip
+                batch.append(
+                    f"class add dev eth0 parent 2:{minor} classid 2:{minor * 0x1000 + k:x} htb "
+                    f"rate 1mbit ceil {_bits(caps.per_flow)} {_buckets(LEAF_BUCKET_BYTES)}"
+                )
         batch.append(f"class add dev eth0 parent 2:1 classid 2:3 htb rate 1mbit {_ceil(link)}")
         sh(["tc", "-n", name, "qdisc", "del", "dev", "eth0", "root"], check=False)
         sh(["tc", "-n", name, "-batch", "-"], input_text="\n".join(batch) + "\n")
@@ -149,12 +159,18 @@ def apply(topo: Topology, only: str | None = None) -> None:
             rules.append(f"ip daddr {{ {', '.join(others)} }} {new_flow} {0x22000:#x}")
         rules.append(f"ip daddr 198.18.0.0/15 {new_flow} {0x21000:#x}")
         rules.append("meta l4proto { tcp, udp } ct mark != 0 meta priority set ct mark map @leaf")
-        leaves = ", ".join(f"{minor * 0x1000 + 0x20000 + k:#x} : {minor * 0x1000 + 0x20000 + k:#x}"
-                           for minor, _ in aggregates for k in range(FLOW_CLASSES))  # fmt: skip
-        script = (f"table inet {NFT_TABLE} {{}}\ndelete table inet {NFT_TABLE}\n"
-                  f"table inet {NFT_TABLE} {{\n  map leaf {{ type mark : classid; elements = {{ {leaves} }} }}\n"
-                  "  chain post {\n    type filter hook postrouting priority 0; policy accept;\n"
-                  + "".join(f"    {r}\n" for r in rules) + "  }\n}\n")  # fmt: skip
+        leaves = ", ".join(
+            f"{minor * 0x1000 + 0x20000 + k:#x} : {minor * 0x1000 + 0x20000 + k:#x}"
+            for minor, _ in aggregates
+            for k in range(FLOW_CLASSES)
+        )
+        script = (
+            f"table inet {NFT_TABLE} {{}}\ndelete table inet {NFT_TABLE}\n"
+            f"table inet {NFT_TABLE} {{\n  map leaf {{ type mark : classid; elements = {{ {leaves} }} }}\n"
+            "  chain post {\n    type filter hook postrouting priority 0; policy accept;\n"
+            + "".join(f"    {r}\n" for r in rules)
+            + "  }\n}\n"
+        )
         sh(in_ns(name, ["nft", "-f", "-"]), input_text=script)
 
 

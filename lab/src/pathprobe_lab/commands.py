@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from pathprobe.commands.common import write_output
-from pathprobe.units import parse_duration, parse_quantity, parse_ratio
+from pathprobe.commands.common import duration_arg, write_output
+from pathprobe.units import parse_cli_rate, parse_ratio
 
 from . import alerting, demo, net, shaping, topology
 from .caps import HostCaps, host_caps
@@ -38,33 +38,40 @@ def _add_hosts(cmds: Any) -> None:
     d.set_defaults(func=cmd_down)
 
     s = cmds.add_parser("status", help="hosts, paths and processes")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="the status as JSON")
     s.set_defaults(func=cmd_status)
 
     e = cmds.add_parser("exec", help="run a command inside a lab host: lab exec HOST -- CMD...")
-    e.add_argument("host")
-    e.add_argument("command", nargs=argparse.REMAINDER)
+    e.add_argument("host", help="the lab host's name")
+    e.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments, after --")
     e.set_defaults(func=cmd_exec)
 
 
 def _add_paths(cmds: Any) -> None:
     i = cmds.add_parser("impair", help="change one directed path live (SRC -> DST)")
-    i.add_argument("src")
-    i.add_argument("dst")
-    i.add_argument("--rate", help="e.g. 100M; 'none' removes the limit")
-    i.add_argument("--delay", help="one-way delay, e.g. 40ms")
+    _path_arguments(i)
+    i.add_argument("--rate", metavar="RATE|none", help="bits/s, e.g. 100M; 'none' removes the limit")
+    i.add_argument("--delay", type=duration_arg("--delay", "ms"), metavar="DURATION", help="one-way delay, e.g. 40ms")
     i.add_argument("--loss", help="e.g. 2%%")
     i.set_defaults(func=cmd_impair)
 
     r = cmds.add_parser("restore", help="put a path back as the topology has it")
-    r.add_argument("src")
-    r.add_argument("dst")
+    _path_arguments(r)
     r.set_defaults(func=cmd_restore)
 
     f = cmds.add_parser("per-flow-cap", help="change an AWS host's per-flow cap live (caps.py)")
-    f.add_argument("host")
-    f.add_argument("rate", help="lab bits/s, e.g. 150M; 'restore' for the table's figure at the lab's scale")
+    f.add_argument("host", help="the lab host's name")
+    f.add_argument(
+        "rate",
+        metavar="RATE|restore",
+        help="lab bits/s, e.g. 150M; 'restore' for the table's figure at the lab's scale",
+    )
     f.set_defaults(func=cmd_per_flow_cap)
+
+
+def _path_arguments(p: Any) -> None:
+    p.add_argument("src", help="the sending host's name")
+    p.add_argument("dst", help="the receiving host's name")
 
 
 def _add_files(cmds: Any) -> None:
@@ -75,7 +82,7 @@ def _add_files(cmds: Any) -> None:
     w.set_defaults(func=cmd_webhook_routing)
 
     c = cmds.add_parser("check-topology", help="validate a topology file")
-    c.add_argument("file")
+    c.add_argument("file", help="the topology YAML")
     c.set_defaults(func=cmd_check_topology)
 
 
@@ -86,12 +93,25 @@ def _add_demo(sub: Any) -> None:
     al.set_defaults(func=cmd_alert_log)
 
     d = sub.add_parser("demo", help="lab + exporters + Prometheus + Alertmanager, with a live table")
-    d.add_argument("--topology")
-    d.add_argument("--prometheus-port", type=int, default=19090)
-    d.add_argument("--alertmanager-port", type=int, default=19093)
-    d.add_argument("--slot-seconds", type=float, default=demo.SLOT_SECONDS)
-    d.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0: until Ctrl-C)")
-    d.add_argument("--workdir", default="/var/tmp/pathprobe-demo")
+    d.add_argument("--topology", help="topology YAML (default: Tokyo, Osaka, Singapore)")
+    d.add_argument("--prometheus-port", type=int, default=19090, help="Prometheus's port (default %(default)s)")
+    d.add_argument("--alertmanager-port", type=int, default=19093, help="Alertmanager's port (default %(default)s)")
+    d.add_argument(
+        "--slot-seconds",
+        type=float,
+        default=demo.SLOT_SECONDS,
+        help="the exporters' schedule.slot_seconds (default %(default)s)",
+    )
+    d.add_argument(
+        "--duration",
+        type=duration_arg("--duration"),
+        default=0.0,
+        metavar="DURATION",
+        help="stop after this long, e.g. 10m (default 0: until Ctrl-C)",
+    )
+    d.add_argument(
+        "--workdir", default="/var/tmp/pathprobe-demo", help="configs, data and logs go here (default %(default)s)"
+    )
     d.add_argument(
         "--alertmanager-routing",
         type=Path,
@@ -186,8 +206,8 @@ def cmd_impair(args: argparse.Namespace) -> int:
     try:
         rate = current.rate
         if args.rate is not None:
-            rate = None if args.rate == "none" else parse_quantity(args.rate, "--rate")
-        delay = parse_duration(args.delay, "--delay") if args.delay is not None else current.one_way_delay
+            rate = None if args.rate == "none" else parse_cli_rate(args.rate, "--rate")
+        delay = args.delay if args.delay is not None else current.one_way_delay
         loss = parse_ratio(args.loss, "--loss") if args.loss is not None else current.loss
     except ValueError as exc:
         raise SystemExit(f"pathprobe lab impair: {exc}") from exc
@@ -203,7 +223,7 @@ def cmd_per_flow_cap(args: argparse.Namespace) -> int:
     if not host.instance_type:
         raise SystemExit(f"pathprobe lab per-flow-cap: {args.host} names no instance type, so it has no AWS caps")
     try:
-        rate = None if args.rate == "restore" else parse_quantity(args.rate, "rate")
+        rate = None if args.rate == "restore" else parse_cli_rate(args.rate, "RATE")
     except ValueError as exc:
         raise SystemExit(f"pathprobe lab per-flow-cap: {exc}") from exc
     _run(shaping.set_host_cap, state, args.host, "per_flow_cap", rate)

@@ -11,6 +11,7 @@ from pathprobe.config import PathClass, Peer
 from pathprobe.limits import expected
 from pathprobe.monitoring.params import Params
 
+from . import cpu
 from .topology import LabHost, Topology, address, resolve
 
 METRICS_PORT = 9469
@@ -65,6 +66,8 @@ def exporter_config(
         "probes": probes,
         "schedule": {"slot_seconds": slot_seconds, "jitter_seconds": 1, "timeout_margin_seconds": 3},
         "web": {"listen": f"{address(index[me.name])}:{METRICS_PORT}"},
+        # A host whose iperf3 is held to a CPU quota runs it through the lab's wrapper (cpu.py).
+        **({"iperf3": {"binary": str(cpu.wrapper(me.name))}} if me.iperf3_cpu is not None else {}),
         # The lab's hosts share one kernel clock: their offset is zero, and a microsecond covers
         # the stamps' own error, so one-way delays are exact here (clock.py).
         "clock": {"source": "stated", "error_bound_seconds": LAB_CLOCK_ERROR_BOUND},
@@ -97,8 +100,13 @@ def scaled_limits(topo: Topology, me: LabHost, other: LabHost, path_class: PathC
     AWS Gbps as Gbit/s / 10), written as the per-peer overrides every exporter takes: the
     production config has no scale. A lab host's own Transit Gateway cap (topology) is its
     attachment's figure, as the lab shapes it."""
-    peer = Peer(name=other.name, address="198.18.0.1", region=other.region, path_class=path_class,
-                instance_type=other.instance_type)  # fmt: skip
+    peer = Peer(
+        name=other.name,
+        address="198.18.0.1",
+        region=other.region,
+        path_class=path_class,
+        instance_type=other.instance_type,
+    )
     bounds = expected(peer, me.instance_type, "tcp", 1, None, None)
     scaled = {OVERRIDES[k]: v / topo.scale for k, v in bounds.candidates.items() if k in OVERRIDES}
     if me.transit_gateway_cap and "transit_gateway" in bounds.candidates:
@@ -112,11 +120,17 @@ def scrape_targets(topo: Topology, meshes: Mapping[str, str] | None = None) -> l
     """Prometheus static/file_sd targets: the source host's region and zone are target labels, and
     its mesh where `meshes` names one (host -> mesh: a lab of several meshes, each its own schedule)."""
     return [
-        {"targets": [f"{address(i)}:{METRICS_PORT}"],
-         "labels": {"host": h.name, "region": h.region, "zone": h.zone,
-                    **({"mesh": meshes[h.name]} if meshes and h.name in meshes else {})}}
+        {
+            "targets": [f"{address(i)}:{METRICS_PORT}"],
+            "labels": {
+                "host": h.name,
+                "region": h.region,
+                "zone": h.zone,
+                **({"mesh": meshes[h.name]} if meshes and h.name in meshes else {}),
+            },
+        }
         for i, h in enumerate(topo.hosts, start=1)
-    ]  # fmt: skip
+    ]
 
 
 # The lab's rule evaluation interval (production: Params().evaluation_interval, 1m).
@@ -129,29 +143,38 @@ def lab_alert_params(rotation_seconds: float, rtt_window_seconds: int = 300) -> 
     # Two rotations and a margin (Params.throughput_window): one missed test does not resolve an alert.
     window = f"{int(2 * rotation_seconds + 30)}s"
     rtt_window = f"{rtt_window_seconds // 60}m" if rtt_window_seconds % 60 == 0 else f"{rtt_window_seconds}s"
-    half_minute = ("rtt_for", "mtu_for", "unreachable_window", "unreachable_for", "exporter_down_for",
-                   "budget_for", "budget_state_unusable_for")  # fmt: skip
+    half_minute = (
+        "rtt_for",
+        "mtu_for",
+        "unreachable_window",
+        "unreachable_for",
+        "exporter_down_for",
+        "budget_for",
+        "budget_state_unusable_for",
+    )
     # loss_for 4 times culprit_for (production: 10m and 3m). A lossy zone's paths cross the critical loss
     # ratio one by one, seconds apart, around the time their sum does; at 30 s against 15 s, one noisy
     # path's critical alert fired before the zone's did and paged too (bench/culprit_drill.py, fault d).
     minute = ("loss_window", "loss_for", "refused_window", "schedule_mismatch_for", "budget_save_failures_window")
-    return Params.model_validate({
-        **dict.fromkeys(half_minute, "30s"),
-        **dict.fromkeys(minute, "1m"),
-        "throughput_window": window,
-        "rtt_baseline_window": "15m",
-        "rtt_baseline_step": "30s",
-        "rtt_exporter_window": rtt_window,
-        # Not the exporters' window: each names its own recording rule (Params refuses equal ones).
-        "rtt_recent_window": "90s" if rtt_window == "1m" else "1m",
-        "baseline_evaluation_interval": "30s",
-        "partial_failure_for": "60s",  # longer than any self-inflicted loss of a test (a flow counts 32 packets)
-        "culprit_for": "15s",  # below the per-path alerts' 30 s and 1 m, as in production
-        # A rotation: each path's throughput alert resolves at its next test, before the culprit's.
-        "culprit_keep_firing_for": f"{int(rotation_seconds + 30)}s",
-        "mtu_memory": "15m",
-        "evaluation_interval": LAB_EVALUATION_INTERVAL,
-    })  # fmt: skip
+    return Params.model_validate(
+        {
+            **dict.fromkeys(half_minute, "30s"),
+            **dict.fromkeys(minute, "1m"),
+            "throughput_window": window,
+            "rtt_baseline_window": "15m",
+            "rtt_baseline_step": "30s",
+            "rtt_exporter_window": rtt_window,
+            # Not the exporters' window: each names its own recording rule (Params refuses equal ones).
+            "rtt_recent_window": "90s" if rtt_window == "1m" else "1m",
+            "baseline_evaluation_interval": "30s",
+            "partial_failure_for": "60s",  # longer than any self-inflicted loss of a test (a flow counts 32 packets)
+            "culprit_for": "15s",  # below the per-path alerts' 30 s and 1 m, as in production
+            # A rotation: each path's throughput alert resolves at its next test, before the culprit's.
+            "culprit_keep_firing_for": f"{int(rotation_seconds + 30)}s",
+            "mtu_memory": "15m",
+            "evaluation_interval": LAB_EVALUATION_INTERVAL,
+        }
+    )
 
 
 def rotation_seconds(topo: Topology, slot_seconds: float) -> float:

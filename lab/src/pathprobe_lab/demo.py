@@ -69,10 +69,17 @@ class _Webhook(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _WebhookServer(http.server.ThreadingHTTPServer):
+    # Alertmanager sends the notifications of many groups at once (the fire drills': dozens). With
+    # socketserver's listen backlog of 5, the kernel drops the SYNs of the rest while this process
+    # waits for a CPU, and each arrives a second later, behind notifications that left after it.
+    request_queue_size = 128
+
+
 def start_webhook(log_file: Path, port: int, host: str = "127.0.0.1") -> http.server.HTTPServer:
     """An Alertmanager webhook receiver that appends each notification to `log_file`, one JSON a line."""
     handler = type("Webhook", (_Webhook,), {"log_file": log_file})
-    server = http.server.ThreadingHTTPServer((host, port), handler)
+    server = _WebhookServer((host, port), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -98,10 +105,15 @@ def alertmanager_config(
     if production is not None:
         return webhook_routing(production.read_text(), webhook_url, evaluation_interval)
     return {
-        "route": {"receiver": "log", "group_by": ["alertname", "region"], "group_wait": "5s",
-                  "group_interval": "10s", "repeat_interval": "1h"},
+        "route": {
+            "receiver": "log",
+            "group_by": ["alertname", "region"],
+            "group_wait": "5s",
+            "group_interval": "10s",
+            "repeat_interval": "1h",
+        },
         "receivers": [{"name": "log", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
-    }  # fmt: skip
+    }
 
 
 def wait_ready(url: str, what: str, timeout: float = 60) -> None:
@@ -181,8 +193,11 @@ def say(text: str) -> bool:
 
 def dead_children(state: State | None) -> list[str]:
     """The demo's processes that have died (the delay line is restarted instead)."""
-    return [f"{p['what']} (pid {p['pid']})" for p in (state.processes if state else [])
-            if p["what"] != "delay-line" and not procs.alive(p["pid"])]  # fmt: skip
+    return [
+        f"{p['what']} (pid {p['pid']})"
+        for p in (state.processes if state else [])
+        if p["what"] != "delay-line" and not procs.alive(p["pid"])
+    ]
 
 
 # How often the demo checks its children; the live table is printed as often on a
@@ -198,8 +213,10 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     taken = [port for port in (args.prometheus_port, args.alertmanager_port, WEBHOOK_PORT) if port_taken(port)]
     if taken:  # before the clean-up below, which would take a running demo's lab away from it
-        raise SystemExit(f"pathprobe demo: port(s) {', '.join(map(str, taken))} on 127.0.0.1 already in use "
-                         "(another demo running? stop it first, or choose other ports)")  # fmt: skip
+        raise SystemExit(
+            f"pathprobe demo: port(s) {', '.join(map(str, taken))} on 127.0.0.1 already in use "
+            "(another demo running? stop it first, or choose other ports)"
+        )
     if State.load() is not None or net._namespaces():
         say("cleaning up a previous lab:")
         for line in net.down():
@@ -268,29 +285,45 @@ def start_exporters(topo: topology.Topology, work: Path, slot_seconds: float) ->
 
 
 # The demo and the fire drill place the lab's monitoring each its own way: ports, routing, timing.
-def start_monitoring(topo: topology.Topology, work: Path, prom_port: int, am_port: int, routing: Path | None,  # noqa: PLR0913, PLR0917 - see above
-                     params: Params, webhook_port: int = WEBHOOK_PORT,
-                     meshes: Mapping[str, str] | None = None) -> tuple[str, str]:  # fmt: skip
+def start_monitoring(  # noqa: PLR0913, PLR0917 - see above
+    topo: topology.Topology,
+    work: Path,
+    prom_port: int,
+    am_port: int,
+    routing: Path | None,
+    params: Params,
+    webhook_port: int = WEBHOOK_PORT,
+    meshes: Mapping[str, str] | None = None,
+) -> tuple[str, str]:
     rule_file = work / "pathprobe.rules.yml"
     rule_file.write_text(rules.dump(params))
     am_addr = f"127.0.0.1:{am_port}"
     targets = work / "targets.json"
     targets.write_text(json.dumps(scrape_targets(topo, meshes)))
-    cfg = prometheus.render("single", file_sd=str(targets), rule_files=[str(rule_file)], alertmanagers=[am_addr],
-                            interval="5s")  # fmt: skip
+    cfg = prometheus.render(
+        "single", file_sd=str(targets), rule_files=[str(rule_file)], alertmanagers=[am_addr], interval="5s"
+    )
     (work / "prometheus.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     (work / "alertmanager.yml").write_text(
         yaml.safe_dump(alertmanager_config(f"http://127.0.0.1:{webhook_port}/alerts", routing), sort_keys=False)
     )
     for d in ("prometheus-data", "alertmanager-data"):
         shutil.rmtree(work / d, ignore_errors=True)
-    am_cmd = [binary("prometheus-alertmanager", "alertmanager"), f"--config.file={work / 'alertmanager.yml'}",
-              f"--storage.path={work / 'alertmanager-data'}", f"--web.listen-address={am_addr}",
-              "--cluster.listen-address="]  # fmt: skip
+    am_cmd = [
+        binary("prometheus-alertmanager", "alertmanager"),
+        f"--config.file={work / 'alertmanager.yml'}",
+        f"--storage.path={work / 'alertmanager-data'}",
+        f"--web.listen-address={am_addr}",
+        "--cluster.listen-address=",
+    ]
     spawn(am_cmd, work / "alertmanager.log", "alertmanager")
-    prom_cmd = [binary("prometheus"), f"--config.file={work / 'prometheus.yml'}",
-                f"--storage.tsdb.path={work / 'prometheus-data'}", f"--web.listen-address=127.0.0.1:{prom_port}",
-                "--web.enable-lifecycle"]  # fmt: skip
+    prom_cmd = [
+        binary("prometheus"),
+        f"--config.file={work / 'prometheus.yml'}",
+        f"--storage.tsdb.path={work / 'prometheus-data'}",
+        f"--web.listen-address=127.0.0.1:{prom_port}",
+        "--web.enable-lifecycle",
+    ]
     spawn(prom_cmd, work / "prometheus.log", "prometheus")
     prom_url = f"http://127.0.0.1:{prom_port}"
     wait_ready(f"{prom_url}/-/ready", "Prometheus")

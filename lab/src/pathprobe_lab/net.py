@@ -13,7 +13,7 @@ from dataclasses import asdict
 
 from pathprobe import procs
 
-from . import caps
+from . import caps, cpu
 from .shaping import apply_shaping
 from .state import PREFIX, ROOT_LINK, ROUTER, LabError, State, in_ns, ns, require_tools, sh
 from .topology import Topology, address, resolve
@@ -30,6 +30,7 @@ def up(topo: Topology) -> State:
         _allow_congestion_controls(state, {h.congestion for h in topo.hosts if h.congestion})
         _build(topo)
         caps.apply(topo)
+        cpu.apply(topo, state)
         apply_shaping(state)
     except Exception:
         down()
@@ -105,6 +106,7 @@ def down() -> list[str]:
     if sh(["ip", "link", "show", ROOT_LINK], check=False).returncode == 0:
         sh(["ip", "link", "del", ROOT_LINK], check=False)
         done.append(f"removed link {ROOT_LINK}")
+    done += cpu.remove(state)
     for key, old in (state.restore_sysctls if state else {}).items():
         sh(["sysctl", "-qw", f"{key}={old}"], check=False)
         done.append(f"restored {key} = {old}")
@@ -120,11 +122,18 @@ def status() -> dict:  # type: ignore[type-arg]
     topo = state.topo()
     present = set(_namespaces())
     hosts = [
-        {"name": h.name, "region": h.region, "zone": h.zone, "address": address(i),
-         "namespace": ns(h.name), "present": ns(h.name) in present, "instance_type": h.instance_type,
-         "caps": caps.status(topo, h) if ns(h.name) in present else None}
+        {
+            "name": h.name,
+            "region": h.region,
+            "zone": h.zone,
+            "address": address(i),
+            "namespace": ns(h.name),
+            "present": ns(h.name) in present,
+            "instance_type": h.instance_type,
+            "caps": caps.status(topo, h) if ns(h.name) in present else None,
+        }
         for i, h in enumerate(topo.hosts, start=1)
-    ]  # fmt: skip
+    ]
     paths = [
         {"src": k.split(">")[0], "dst": k.split(">")[1], **v, "rate_bits_per_second": v["rate"]}
         for k, v in state.paths.items()

@@ -94,16 +94,18 @@ def _rate(dst_index: int, sources: list[tuple[int, PathSpec]]) -> None:
 
 
 def _pairs(state: State, hosts: list[str]) -> list[tuple[int, int, PathSpec]]:
-    return [(i, j, state.spec(a, b)) for i, a in enumerate(hosts, start=1)
-            for j, b in enumerate(hosts, start=1) if a != b]  # fmt: skip
+    return [
+        (i, j, state.spec(a, b)) for i, a in enumerate(hosts, start=1) for j, b in enumerate(hosts, start=1) if a != b
+    ]
 
 
 def _loss(state: State, hosts: list[str]) -> None:
     rules = [
         f"ip saddr 198.18.{i}.0/24 ip daddr 198.18.{j}.0/24 numgen random mod 1000000 < {round(s.loss * 1e6)} "
         "counter drop"
-        for i, j, s in _pairs(state, hosts) if s.loss > 0
-    ]  # fmt: skip
+        for i, j, s in _pairs(state, hosts)
+        if s.loss > 0
+    ]
     # Replace the rules, never the table or its chain, in one transaction: unregistering a
     # netfilter hook in the router's namespace (deleting a base chain) makes the kernel flush
     # every NFQUEUE queue there (nfqnl_nf_hook_drop), dropping each packet the delay line holds,
@@ -131,15 +133,18 @@ def _delay(state: State, hosts: list[str]) -> None:
     path's delay change would cost the other paths' tests); then the rules are replaced in one
     transaction, which leaves the queues' packets alone."""
     queues = {queue_number(i, j): s.one_way_delay for i, j, s in _pairs(state, hosts) if s.one_way_delay > 0}
-    running = next((p for p in state.processes if p["what"] == "delay-line" and "control" in p
-                    and procs.alive(p["pid"])), None)  # fmt: skip
+    running = next(
+        (p for p in state.processes if p["what"] == "delay-line" and "control" in p and procs.alive(p["pid"])), None
+    )
     if running is not None and _told(running, queues):
         state.save()
     else:
         _restart_delay_line(state, queues)
     # --queue-bypass: if the delay line is gone, packets pass undelayed (lab status says so).
-    rules = "".join(f"-A FORWARD -s 198.18.{q // 256}.0/24 -d 198.18.{q % 256}.0/24 -j NFQUEUE --queue-num {q} "
-                    "--queue-bypass\n" for q in sorted(queues))  # fmt: skip
+    rules = "".join(
+        f"-A FORWARD -s 198.18.{q // 256}.0/24 -d 198.18.{q % 256}.0/24 -j NFQUEUE --queue-num {q} --queue-bypass\n"
+        for q in sorted(queues)
+    )
     sh(in_ns(ROUTER, [f"{iptables()}-restore", "--noflush"]), input_text=f"*filter\n-F FORWARD\n{rules}COMMIT\n")
 
 

@@ -53,6 +53,8 @@ class State:
     processes: list[dict] = field(default_factory=list)  # type: ignore[type-arg]  # {pid, what}
     # Root-namespace sysctls the lab changed, with the values to put back on `down`.
     restore_sysctls: dict[str, str] = field(default_factory=dict)
+    # The cgroups that hold some hosts' iperf3 to a CPU quota (cpu.py).
+    cgroups: list[str] = field(default_factory=list)
 
     @staticmethod
     def file() -> Path:

@@ -13,7 +13,8 @@ from typing import Annotated
 from pydantic import BeforeValidator, Field, model_validator
 
 from pathprobe import yamlfile
-from pathprobe.config import Congestion, PathClass, Strict
+from pathprobe.config import PathClass
+from pathprobe.strict import Congestion, Strict
 from pathprobe.units import parse_duration, parse_quantity, parse_ratio
 
 Rate = Annotated[float, BeforeValidator(lambda v: parse_quantity(v, "rate")), Field(gt=0)]
@@ -40,6 +41,9 @@ class LabHost(Strict):
     # With an instance type and a transit_gateway path: its VPC attachment's bandwidth in lab
     # bits/s (default: limits.yaml's per-attachment figure at the lab's scale).
     transit_gateway_cap: Rate | None = None
+    # A CPU quota for this host's iperf3 processes alone, in CPUs (cpu.py): a host too small for its
+    # tests, whose results must name its CPU.
+    iperf3_cpu: float | None = Field(default=None, gt=0, le=64)
 
 
 class LabPath(Strict):

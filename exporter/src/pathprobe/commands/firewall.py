@@ -17,7 +17,7 @@ def add_parser(sub: Any) -> None:
         description="Without --apply or --remove: print the ruleset. The systemd unit applies it before the "
         "exporter starts (as root) and removes it after it stops.",
     )
-    f.add_argument("--config", required=True)
+    f.add_argument("--config", required=True, metavar="FILE", help="the exporter's config file (its peers)")
     what = f.add_mutually_exclusive_group()
     what.add_argument("--apply", action="store_true", help="load the table (replacing an earlier one)")
     what.add_argument("--remove", action="store_true", help="delete the table")

@@ -48,7 +48,7 @@ def add_parser(sub: Any) -> None:
     i.set_defaults(func=cmd_import)
 
     s = verbs.add_parser("show", help="the figures the model uses for an instance type, each with source and date")
-    s.add_argument("instance_type", metavar="TYPE")
+    s.add_argument("instance_type", metavar="TYPE", help="an EC2 instance type, e.g. c6gn.xlarge")
     s.add_argument("--json", action="store_true", help="JSON; keys carry units (baseline_bits_per_second, ...)")
     s.add_argument("--table", type=Path, help="an instance-type table to read (default: the packaged one)")
     s.set_defaults(func=cmd_show)

@@ -11,29 +11,32 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .. import wire
-from ..config import (
+from .. import ends, wire
+from ..config import Iperf3Settings, Responders
+from ..probe_settings import (
     MTU_BY_PATH_CLASS,
-    Iperf3Settings,
-    LossSettings,
+    EchoSettings,
     MtuSettings,
-    Responders,
     RttSettings,
     SteadyStateSettings,
     ThroughputSettings,
-    default,
 )
 from ..probes import EchoProber, MtuProber, ProbeFailure, RttProber, Target, ThroughputProber, ThroughputTest
+from ..probes.iperf3_test import ThroughputResult
 from ..probes.report import ReportSink, RttReport, Summary, describe_one_way
-from ..probes.throughput import ThroughputResult
+from ..strict import default
 from ..units import format_bits, format_seconds
 from .common import (
     EXIT_BAD_INPUT,
     EXIT_PROBE_FAILED,
     add_clock_option,
+    add_duration,
     add_length_options,
+    bitrate_arg,
     detector,
+    host_arg,
     own_clock_bound,
+    packet_rate_arg,
     quantity,
 )
 
@@ -47,38 +50,80 @@ def add_parser(sub: Any) -> None:
 def _add_throughput(probe: Any) -> None:
     t = probe.add_parser("throughput", help="iperf3 test against a peer's iperf3 server")
     _target_arguments(t, default(Iperf3Settings, "port"))
-    t.add_argument("--streams", "-P", type=int, default=1)
-    t.add_argument("--duration", "-t", type=float, default=default(ThroughputSettings, "duration_seconds"))
-    t.add_argument("--omit", "-O", type=float, default=default(ThroughputSettings, "omit_seconds"))
-    t.add_argument("--protocol", choices=["tcp", "udp"], default="tcp")
-    t.add_argument("--bitrate", "-b", default=str(default(ThroughputSettings, "udp_bitrate")),
-                   help="UDP total target rate, bits/s (e.g. 500M)")  # fmt: skip
-    t.add_argument("--reverse", "-R", action="store_true", help="measure peer -> this host")
-    t.add_argument("--congestion", "-C", choices=["cubic", "bbr", "reno"])
-    t.add_argument("--window", "-w", help="socket buffer size, bytes (e.g. 4Mi)")
-    t.add_argument("--iperf3", default=default(Iperf3Settings, "binary"), help="iperf3 binary")
-    add_length_options(t, "TCP tests", default(SteadyStateSettings, "enabled"))
-    t.add_argument(
-        "--rtt-hint",
-        type=float,
-        metavar="SECONDS",
-        help="the path's RTT, for the steady-state window (default: its shortest window)",
+    t.add_argument("--streams", "-P", type=int, default=1, help="parallel TCP streams or UDP flows (default 1)")
+    duration_s, omit_s = default(ThroughputSettings, "duration_seconds"), default(ThroughputSettings, "omit_seconds")
+    add_duration(
+        t,
+        "--duration",
+        "-t",
+        default=duration_s,
+        help_text=f"how long the test measures, e.g. 10s (default {format_seconds(duration_s)})",
     )
-    t.add_argument("--json", action="store_true")
+    add_duration(
+        t,
+        "--omit",
+        "-O",
+        default=omit_s,
+        help_text=f"slow start left out before measuring, e.g. 1s (default {format_seconds(omit_s)})",
+    )
+    t.add_argument("--protocol", choices=["tcp", "udp"], default="tcp", help="tcp (the default) or udp")
+    udp_bitrate = default(ThroughputSettings, "udp_bitrate")
+    t.add_argument(
+        "--bitrate",
+        "-b",
+        type=bitrate_arg("--bitrate"),
+        default=udp_bitrate,
+        metavar="RATE",
+        help=f"UDP: the total target rate in bits/s, as iperf3's -b (e.g. 500M; default {format_bits(udp_bitrate)})",
+    )
+    t.add_argument("--reverse", "-R", action="store_true", help="measure peer -> this host")
+    t.add_argument(
+        "--congestion", "-C", choices=["cubic", "bbr", "reno"], help="TCP congestion control (default: the host's)"
+    )
+    t.add_argument("--window", "-w", metavar="SIZE", help="socket buffer size, bytes (e.g. 4Mi)")
+    t.add_argument("--iperf3", default=default(Iperf3Settings, "binary"), help="iperf3 binary")
+    t.add_argument(
+        "--processes",
+        type=int,
+        default=default(Iperf3Settings, "processes"),
+        help="split the streams over up to this many iperf3 processes, one per server the peer reports "
+        "(where either end's iperf3 is older than 3.16: one thread for every stream of a process)",
+    )
+    t.add_argument(
+        "--report-port",
+        type=int,
+        default=default(Responders, "rr_port"),
+        help="the peer's rr port, where its responder reports its end of the test (what its iperf3 and "
+        "host used); 0: do not ask",
+    )
+    add_length_options(t, "TCP tests", default(SteadyStateSettings, "enabled"))
+    add_duration(
+        t,
+        "--rtt-hint",
+        unit="ms",
+        help_text="the path's RTT, e.g. 8ms, for the steady-state window (default: its shortest window)",
+    )
+    _json_option(t)
     t.set_defaults(func=cmd_throughput)
+
+
+def _json_option(p: Any) -> None:
+    p.add_argument("--json", action="store_true", help="the result as JSON, keys with their units")
 
 
 def _continuous(probe: Any, name: str, help: str, port: int, count: int) -> Any:  # noqa: A002 - argparse's word
     """The parser of a continuous probe run a few times: its target, port and count."""
     p = probe.add_parser(name, help=help)
     _target_arguments(p, port)
-    p.add_argument("--count", "-c", type=int, default=count)
+    p.add_argument("--count", "-c", type=int, default=count, help=f"requests to send (default {count})")
     return p
 
 
 def _target_arguments(p: Any, port: int) -> None:
-    p.add_argument("target")
-    p.add_argument("--port", type=int, default=port)
+    p.add_argument(
+        "target", type=host_arg, help="the peer's name or address (it runs `pathprobe serve` or the exporter)"
+    )
+    p.add_argument("--port", type=int, default=port, help=f"the peer's port (default {port})")
     p.add_argument("--source", help="the local address to send from (default: the route's)")
 
 
@@ -88,25 +133,57 @@ def _target(args: argparse.Namespace) -> Target:
 
 def _add_rtt(probe: Any) -> None:
     r = _continuous(probe, "rtt", "TCP request/response RTT (as netperf TCP_RR)", default(Responders, "rr_port"), 20)
-    r.add_argument("--interval", "-i", type=float, default=default(RttSettings, "interval_seconds"),
-                   help="seconds between requests")  # fmt: skip
-    r.add_argument("--size", type=int, default=default(RttSettings, "size_bytes"), help="request and response size")
-    r.add_argument("--timeout", type=float, default=default(RttSettings, "timeout_seconds"))
+    interval = default(RttSettings, "interval_seconds")
+    add_duration(
+        r,
+        "--interval",
+        "-i",
+        default=interval,
+        unit="ms",
+        help_text=f"time between requests, e.g. 50ms (default {format_seconds(interval)})",
+    )
+    r.add_argument(
+        "--size", type=int, default=default(RttSettings, "size_bytes"), help="request and response size, bytes"
+    )
+    _timeout_option(r, default(RttSettings, "timeout_seconds"), "before a request counts as lost")
     r.add_argument("--flows", type=int, default=default(RttSettings, "flows"), help="connections, used in turn")
-    r.add_argument("--json", action="store_true")
+    _json_option(r)
     r.set_defaults(func=cmd_rtt)
 
 
+def _timeout_option(p: Any, seconds: float, what: str) -> None:
+    add_duration(
+        p,
+        "--timeout",
+        default=seconds,
+        help_text=f"how long to wait {what}, e.g. 2s (default {format_seconds(seconds)})",
+    )
+
+
 def _add_loss(probe: Any) -> None:
-    lo = _continuous(probe, "loss", "UDP echo stream: loss by direction, jitter, RTT, failing flows",
-                     default(Responders, "echo_port"), 100)  # fmt: skip
-    lo.add_argument("--rate", type=float, default=50, help="packets per second")
-    lo.add_argument("--size", type=int, default=default(LossSettings, "size_bytes"),
-                    help=f"bytes per packet, {wire.ECHO_HEADER.size} to {wire.ECHO_MAX_SIZE}")  # fmt: skip
-    lo.add_argument("--timeout", type=float, default=default(LossSettings, "timeout_seconds"),
-                    help="seconds before a packet counts as lost")  # fmt: skip
-    lo.add_argument("--flows", type=int, default=default(LossSettings, "flows"), help="source ports, used in turn")
-    lo.add_argument("--json", action="store_true")
+    lo = _continuous(
+        probe,
+        "loss",
+        "UDP echo stream: loss by direction, jitter, RTT, failing flows",
+        default(Responders, "echo_port"),
+        100,
+    )
+    lo.add_argument(
+        "--rate",
+        type=packet_rate_arg("--rate"),
+        default=50.0,
+        metavar="RATE",
+        help="packets per second, e.g. 50/s (the default)",
+    )
+    lo.add_argument(
+        "--size",
+        type=int,
+        default=default(EchoSettings, "size_bytes"),
+        help=f"bytes per packet, {wire.ECHO_HEADER.size} to {wire.ECHO_MAX_SIZE}",
+    )
+    _timeout_option(lo, default(EchoSettings, "timeout_seconds"), "before a packet counts as lost")
+    lo.add_argument("--flows", type=int, default=default(EchoSettings, "flows"), help="source ports, used in turn")
+    _json_option(lo)
     add_clock_option(lo, "to judge the one-way delays with the responder's")
     lo.set_defaults(func=cmd_loss)
 
@@ -114,12 +191,23 @@ def _add_loss(probe: Any) -> None:
 def _add_mtu(probe: Any) -> None:
     m = probe.add_parser("mtu", help="which IP packet sizes the path carries (Don't Fragment set)")
     _target_arguments(m, default(Responders, "echo_port"))
-    m.add_argument("--size", type=int, action="append", dest="sizes",
-                   help="IP packet size (repeatable); default: " + ", ".join(
-                       f"{k} {v}" for k, v in MTU_BY_PATH_CLASS.items()) + " by --path-class")  # fmt: skip
-    m.add_argument("--path-class", choices=list(MTU_BY_PATH_CLASS), default="intra_region")
-    m.add_argument("--timeout", type=float, default=default(MtuSettings, "timeout_seconds"))
-    m.add_argument("--json", action="store_true")
+    m.add_argument(
+        "--size",
+        type=int,
+        action="append",
+        dest="sizes",
+        help="IP packet size (repeatable); default: "
+        + ", ".join(f"{k} {v}" for k, v in MTU_BY_PATH_CLASS.items())
+        + " by --path-class",
+    )
+    m.add_argument(
+        "--path-class",
+        choices=list(MTU_BY_PATH_CLASS),
+        default="intra_region",
+        help="the path's class, for the default sizes (default intra_region)",
+    )
+    _timeout_option(m, default(MtuSettings, "timeout_seconds"), "for a packet's answer")
+    _json_option(m)
     m.set_defaults(func=cmd_mtu)
 
 
@@ -139,16 +227,22 @@ def _fail(probe: str, target: str, exc: ProbeFailure) -> int:
 
 
 def cmd_throughput(args: argparse.Namespace) -> int:
-    window = quantity(args.window, "--window")
+    window = quantity(args.window, "--window")  # a size, not a rate: bytes alone are bytes
     test = ThroughputTest(
-        protocol=args.protocol, streams=args.streams,
-        direction="receive" if args.reverse else "send", duration_seconds=args.duration,
-        omit_seconds=args.omit, congestion=args.congestion,
-        udp_bitrate=quantity(args.bitrate, "--bitrate") or default(ThroughputSettings, "udp_bitrate"),
+        protocol=args.protocol,
+        streams=args.streams,
+        direction="receive" if args.reverse else "send",
+        duration_seconds=args.duration,
+        omit_seconds=args.omit,
+        congestion=args.congestion,
+        udp_bitrate=args.bitrate or default(ThroughputSettings, "udp_bitrate"),  # 0: the default, not unlimited
         window_bytes=int(window) if window else None,
-        steady_state=detector(args), rtt_hint_seconds=args.rtt_hint,
+        steady_state=detector(args),
+        rtt_hint_seconds=args.rtt_hint,
         binary=args.iperf3,
-    )  # fmt: skip
+        report_port=args.report_port or None,
+        processes=args.processes,
+    )
     try:
         result = asyncio.run(ThroughputProber(_target(args), test).measure())
     except ProbeFailure as exc:
@@ -173,7 +267,24 @@ def describe_throughput(target: str, r: ThroughputResult) -> str:
             f"  UDP lost {r.udp_lost}/{r.udp_packets} ({r.udp_loss_ratio:.2%}), "
             f"jitter {format_seconds(r.jitter_seconds or 0)}"
         )
+    lines += describe_ends(r)
     return "\n".join(lines)
+
+
+def describe_ends(r: ThroughputResult) -> list[str]:
+    """The test's own ends in words: what each used and could use, and what bound the result."""
+    lines = []
+    for name, end in (("sender", r.sender_end), ("receiver", r.receiver_end)):
+        lines.append(f"  {name} end: {ends.describe(end)}")
+    drops = r.udp_receiver_drops()
+    if drops:
+        path_loss = r.udp_path_loss_ratio()
+        lines.append(
+            f"  the receiver dropped {drops} datagrams for a full socket buffer"
+            + (f": path loss {path_loss:.2%}" if path_loss is not None else "")
+        )
+    lines.append(f"  bound by its own ends: {ends.describe_bound(r.bound, r.remedy)}")
+    return lines
 
 
 def _finish(args: argparse.Namespace, probe: str, report: RttReport) -> int:
@@ -189,19 +300,26 @@ def _finish(args: argparse.Namespace, probe: str, report: RttReport) -> int:
 
 
 def cmd_rtt(args: argparse.Namespace) -> int:
-    settings = _settings(RttSettings, interval_seconds=args.interval, size_bytes=args.size,
-                         timeout_seconds=args.timeout, flows=args.flows)  # fmt: skip
+    settings = _settings(
+        RttSettings,
+        interval_seconds=args.interval,
+        size_bytes=args.size,
+        timeout_seconds=args.timeout,
+        flows=args.flows,
+    )
     report = RttReport("tcp", args.interval, args.size)
     asyncio.run(RttProber(_target(args), settings, ReportSink(report)).run(count=args.count))
     return _finish(args, "rtt", report)
 
 
 def cmd_loss(args: argparse.Namespace) -> int:
-    settings = _settings(LossSettings, rate_pps=args.rate, size_bytes=args.size,
-                         timeout_seconds=args.timeout, flows=args.flows)  # fmt: skip
+    settings = _settings(
+        EchoSettings, rate_pps=args.rate, size_bytes=args.size, timeout_seconds=args.timeout, flows=args.flows
+    )
     clock = args.clock_error_bound
-    report = RttReport("udp", 1 / args.rate, args.size, own_bound=own_clock_bound(clock),
-                       max_error_share=clock.max_error_share)  # fmt: skip
+    report = RttReport(
+        "udp", 1 / args.rate, args.size, own_bound=own_clock_bound(clock), max_error_share=clock.max_error_share
+    )
     asyncio.run(EchoProber(_target(args), settings, ReportSink(report)).run(count=args.count))
     return _finish(args, "loss", report)
 

@@ -12,8 +12,9 @@ from typing import Any
 from .. import responders
 from ..allow import AllowList
 from ..clock import ClockErrorBound
-from ..config import Iperf3Settings, Responders, default
+from ..config import Iperf3Settings, Responders
 from ..responders.iperf3 import wait_listening
+from ..strict import default
 from ..units import format_seconds
 from .common import EXIT_PROBE_FAILED, add_clock_option, network, stop_on_signals
 
@@ -23,15 +24,46 @@ IPERF3_START_SECONDS = 10.0
 
 def add_parser(sub: Any) -> None:
     s = sub.add_parser("serve", help="run the responders only (iperf3 server, TCP RR, UDP echo)")
-    s.add_argument("--listen", default=str(default(Responders, "listen")), type=ipaddress.ip_address)
-    s.add_argument("--allow", action="append", default=[], type=network, metavar="CIDR",
-                   help="source networks to answer (repeatable); default: loopback only")  # fmt: skip
-    s.add_argument("--rr-port", type=int, default=default(Responders, "rr_port"))
-    s.add_argument("--echo-port", type=int, default=default(Responders, "echo_port"))
-    s.add_argument("--iperf3-port", type=int, default=default(Iperf3Settings, "port"))
+    s.add_argument(
+        "--listen",
+        default=str(default(Responders, "listen")),
+        type=ipaddress.ip_address,
+        metavar="ADDRESS",
+        help="the address the responders listen on (default %(default)s: every IPv4 address)",
+    )
+    s.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        type=network,
+        metavar="CIDR",
+        help="source networks to answer (repeatable); default: loopback only",
+    )
+    s.add_argument(
+        "--rr-port", type=int, default=default(Responders, "rr_port"), help="TCP request/response (default %(default)s)"
+    )
+    s.add_argument(
+        "--echo-port", type=int, default=default(Responders, "echo_port"), help="UDP echo (default %(default)s)"
+    )
+    s.add_argument(
+        "--iperf3-port",
+        type=int,
+        default=default(Iperf3Settings, "port"),
+        help="the first iperf3 server's (default %(default)s)",
+    )
+    s.add_argument(
+        "--iperf3-processes",
+        type=int,
+        default=default(Iperf3Settings, "processes"),
+        help="iperf3 servers, on --iperf3-port and the ports after it (iperf3.processes)",
+    )
     s.add_argument("--iperf3", default=default(Iperf3Settings, "binary"), help="iperf3 binary")
-    s.add_argument("--rr-max-connections-per-source", type=int,
-                   default=default(Responders, "rr_max_connections_per_source"))  # fmt: skip
+    s.add_argument(
+        "--rr-max-connections-per-source",
+        type=int,
+        default=default(Responders, "rr_max_connections_per_source"),
+        help="TCP request/response connections one address may hold (default %(default)s)",
+    )
     add_clock_option(s, "stated in every echo answer so that peers can trust one-way delays")
     s.set_defaults(func=cmd_serve)
 
@@ -49,10 +81,7 @@ class Counts:
     def set_iperf3_up(self, up: bool) -> None:
         self.iperf3_up = up
 
-    def set_iperf3_serving(self, serving: bool) -> None:
-        pass
-
-    def iperf3_restarted(self) -> None:
+    def iperf3_restarted(self, reason: str) -> None:
         pass
 
 
@@ -65,7 +94,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         rr_max_connections_per_source=args.rr_max_connections_per_source,
     )
     # No schedule here: a test is admitted by its source address alone.
-    iperf3 = Iperf3Settings(binary=args.iperf3, port=args.iperf3_port, admit="peers")
+    iperf3 = Iperf3Settings(binary=args.iperf3, port=args.iperf3_port, processes=args.iperf3_processes, admit="peers")
 
     async def serve() -> None:
         stop = asyncio.Event()
@@ -77,13 +106,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # The line below says "ready": only once iperf3 (a process of its own) listens, or a client
         # that connects at once finds the port closed (a lab test's did, on a VM short of CPU). A
         # server that cannot start leaves the other responders answering; its supervisor says why.
-        if not await wait_listening(args.iperf3_port, IPERF3_START_SECONDS, lambda: counts.iperf3_up is False):
-            print(f"pathprobe serve: the iperf3 server is not listening on :{args.iperf3_port}", file=sys.stderr)
+        for port in iperf3.ports:
+            if not await wait_listening(port, IPERF3_START_SECONDS, lambda: counts.iperf3_up is False):
+                print(f"pathprobe serve: the iperf3 server is not listening on :{port}", file=sys.stderr)
         refreshing = asyncio.create_task(bound.run(), name="clock-bound")
-        stated = (f"{format_seconds(bound.seconds)} ({bound.source})" if bound.seconds is not None
-                  else "none known (peers withhold one-way delays to this host)")  # fmt: skip
+        stated = (
+            f"{format_seconds(bound.seconds)} ({bound.source})"
+            if bound.seconds is not None
+            else "none known (peers withhold one-way delays to this host)"
+        )
         print(
-            f"pathprobe serve: iperf3 :{args.iperf3_port}, tcp rr :{args.rr_port}, udp echo :{args.echo_port}; "
+            f"pathprobe serve: iperf3 :{','.join(map(str, iperf3.ports))}, tcp rr :{args.rr_port}, "
+            f"udp echo :{args.echo_port}; "
             f"answering {allow}; clock error bound {stated}",
             flush=True,
         )

@@ -5,35 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..config import Config, Peer, TestSpec
+from ..config import Config, Peer
 
 PEER = ["peer", "peer_region", "path_class"]
 TEST = [*PEER, "protocol", "streams", "direction"]
 K = TypeVar("K")
 V = TypeVar("V")
 STATE_DOC = " state=loaded: this host or the peer may be in a throughput test (self-inflicted loss), else idle."
-
-
-class TestKey(NamedTuple):
-    """One throughput test of one peer."""
-
-    peer: str
-    protocol: str
-    streams: str
-    direction: str
-
-    @classmethod
-    def of(cls, peer: str, spec: TestSpec) -> TestKey:
-        protocol, streams, direction = spec
-        return cls(peer, protocol, streams, direction)
-
-    @property
-    def spec(self) -> TestSpec:
-        return TestSpec(self.protocol, self.streams, self.direction)
 
 
 def peer_labels(peer: Peer) -> list[str]:

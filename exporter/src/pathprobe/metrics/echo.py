@@ -14,11 +14,12 @@ from prometheus_client.core import Metric
 
 from ..config import Config
 from ..probes import Reason
-from ..probes.base import OneWay
+from ..probes.base import Rejection
+from ..probes.echo import OneWay
 from .common import PEER, STATE_DOC, Room, Scope, counter, gauge, peer_labels
 from .outcomes import Ledger
 from .owd import OwdRoom
-from .rtt import STATES, LoadState, RttKey, RttRoom
+from .rtt import STATES, Load, RttKey, RttRoom
 
 UDP_COUNTS = ("sent", "received", "lost", "duplicate", "reordered", "late")
 COMPACT_UDP_COUNTS = ("sent", "lost")  # what a compact peer (mesh.compact_outside) keeps: what the rules read
@@ -70,9 +71,9 @@ class MtuState:
 
 
 class EchoRoom(Room):
-    def __init__(self, cfg: Config, load_state: LoadState, rtt: RttRoom, clock: Callable[[], float] = time.time):
+    def __init__(self, cfg: Config, load: Load, rtt: RttRoom, clock: Callable[[], float] = time.time):
         super().__init__(cfg)
-        self.load_state, self.rtt, self.clock = load_state, rtt, clock
+        self.load, self.rtt, self.clock = load, rtt, clock
         self.udp: dict[UdpKey, Counter[str]] = {}
         self.jitter: dict[str, float] = {}
         self.worst_flow_loss: dict[str, float] = {}
@@ -83,8 +84,16 @@ class EchoRoom(Room):
         self.mtu: dict[MtuKey, MtuState] = {}
 
     def tables(self) -> list[MutableMapping[Any, Any]]:
-        return [self.udp, self.jitter, self.worst_flow_loss, self.lost_by_direction, self.clock_offset, self.marks,
-                self.failing, self.mtu]  # fmt: skip
+        return [
+            self.udp,
+            self.jitter,
+            self.worst_flow_loss,
+            self.lost_by_direction,
+            self.clock_offset,
+            self.marks,
+            self.failing,
+            self.mtu,
+        ]
 
     # --- writers
     def count(self, peer: str, what: str, age: float = 0.0) -> None:
@@ -92,7 +101,7 @@ class EchoRoom(Room):
         self-inflicted: kept apart, by when the packet was sent (`age` seconds ago), not when
         its timeout ran out."""
         if self.admits(peer):
-            self.tally(UdpKey(peer, self.load_state(peer, self.clock() - age)), what)
+            self.tally(UdpKey(peer, self.load.of(peer, self.clock() - age)), what)
 
     def tally(self, key: UdpKey, what: str) -> None:
         """One packet's outcome, of an admitted peer in the state its key says."""
@@ -137,14 +146,22 @@ class EchoRoom(Room):
     def collect(self) -> Iterator[Metric]:
         scope = self.scope
         yield from self._packets(scope)
-        yield self._per_peer(scope, self.jitter, "pathprobe_udp_rtt_variation_seconds",
-                             "Smoothed variation of successive UDP echo round-trip times (RFC 3550's jitter "
-                             "estimator, gain 1/16, applied to RTTs: not the one-way jitter of "
-                             "pathprobe_throughput_udp_jitter_seconds).")  # fmt: skip
-        yield self._per_peer(scope, self.clock_offset, "pathprobe_clock_offset_seconds",
-                             "The peer's wall clock minus this host's, from the least-delayed of the last 64 UDP "
-                             "echoes (NTP's on-wire method; error at most half that echo's RTT). Throughput turns "
-                             "allow 1 s.")  # fmt: skip
+        yield self._per_peer(
+            scope,
+            self.jitter,
+            "pathprobe_udp_rtt_variation_seconds",
+            "Smoothed variation of successive UDP echo round-trip times (RFC 3550's jitter "
+            "estimator, gain 1/16, applied to RTTs: not the one-way jitter of "
+            "pathprobe_throughput_udp_jitter_seconds).",
+        )
+        yield self._per_peer(
+            scope,
+            self.clock_offset,
+            "pathprobe_clock_offset_seconds",
+            "The peer's wall clock minus this host's, from the least-delayed of the last 64 UDP "
+            "echoes (NTP's on-wire method; error at most half that echo's RTT). Throughput turns "
+            "allow 1 s.",
+        )
         yield from self._loss(scope)
         yield from self._marks(scope)
         yield self._failing(scope)
@@ -157,7 +174,7 @@ class EchoRoom(Room):
         }
         udp = dict(self.udp)
         # A peer's packets are "loaded" while this host or the peer is in any throughput test,
-        # whether or not the two test each other (Exporter.load_state): both states for every
+        # whether or not the two test each other (load.LoadState): both states for every
         # peer wherever this mesh runs tests.
         states = STATES if cfg.half_slot_need(with_margin=False) else ("idle",)
         if cfg.probes.loss.enabled:
@@ -179,15 +196,21 @@ class EchoRoom(Room):
         return family
 
     def _loss(self, scope: Scope) -> Iterator[Metric]:
-        forward = counter("pathprobe_udp_packets_lost_forward",
-                          "UDP echo packets lost on the way to the peer (the peer's responder never counted them).",
-                          PEER)  # fmt: skip
-        reverse = counter("pathprobe_udp_packets_lost_reverse",
-                          "UDP echo packets the peer's responder counted whose echo never came back.",
-                          PEER)  # fmt: skip
-        worst = gauge("pathprobe_udp_worst_flow_loss_ratio",
-                      "Loss ratio of the worst of the echo probe's flows (source ports) over its last 32 packets.",
-                      PEER)  # fmt: skip
+        forward = counter(
+            "pathprobe_udp_packets_lost_forward",
+            "UDP echo packets lost on the way to the peer (the peer's responder never counted them).",
+            PEER,
+        )
+        reverse = counter(
+            "pathprobe_udp_packets_lost_reverse",
+            "UDP echo packets the peer's responder counted whose echo never came back.",
+            PEER,
+        )
+        worst = gauge(
+            "pathprobe_udp_worst_flow_loss_ratio",
+            "Loss ratio of the worst of the echo probe's flows (source ports) over its last 32 packets.",
+            PEER,
+        )
         by_direction, worst_loss = dict(self.lost_by_direction), dict(self.worst_flow_loss)
         if scope.cfg.probes.loss.enabled:
             for peer in scope.cfg.rtt_peers:
@@ -199,13 +222,16 @@ class EchoRoom(Room):
         yield from (forward, reverse, worst)
 
     def _marks(self, scope: Scope) -> Iterator[Metric]:
-        info = gauge("pathprobe_dscp_received_info",
-                     "The DSCP the last UDP echo (forward: to the peer) or its answer (reverse: sent with the mark "
-                     "the echo arrived with) left with and arrived with: a path that bleaches or rewrites marks "
-                     "shows received != sent. The probes' marks: probes.*.dscp.", [*PEER, "direction", "sent",
-                                                                                 "received"])  # fmt: skip
-        changed = counter("pathprobe_dscp_changed", "UDP echo packets whose DSCP mark arrived changed.",
-                          [*PEER, "direction"])  # fmt: skip
+        info = gauge(
+            "pathprobe_dscp_received_info",
+            "The DSCP the last UDP echo (forward: to the peer) or its answer (reverse: sent with the mark "
+            "the echo arrived with) left with and arrived with: a path that bleaches or rewrites marks "
+            "shows received != sent. The probes' marks: probes.*.dscp.",
+            [*PEER, "direction", "sent", "received"],
+        )
+        changed = counter(
+            "pathprobe_dscp_changed", "UDP echo packets whose DSCP mark arrived changed.", [*PEER, "direction"]
+        )
         for peer, key, marks in scope.entries(self.marks):
             if key.peer in scope.cfg.compact_peers:  # what the rules read only
                 continue
@@ -214,10 +240,12 @@ class EchoRoom(Room):
         yield from (info, changed)
 
     def _failing(self, scope: Scope) -> Metric:
-        failing = gauge("pathprobe_probe_flows_failing",
-                        "Flows (source ports) of a continuous probe whose recent probes mostly failed: one broken "
-                        "member of an ECMP group fails some flows of a path and not others.",
-                        [*PEER, "protocol"])  # fmt: skip
+        failing = gauge(
+            "pathprobe_probe_flows_failing",
+            "Flows (source ports) of a continuous probe whose recent probes mostly failed: one broken "
+            "member of an ECMP group fails some flows of a path and not others.",
+            [*PEER, "protocol"],
+        )
         for peer, key, n in scope.entries(self.failing):
             failing.add_metric([*peer, key.protocol], n)
         return failing
@@ -241,8 +269,8 @@ class EchoRoom(Room):
         yield from (carried, last)
 
 
-class EchoSink:
-    """UDP echo outcomes of one peer (probes.base.EchoSink); its RTTs go to the RTT room."""
+class EchoRecorder:
+    """UDP echo outcomes of one peer (probes.echo.EchoSink); its RTTs go to the RTT room."""
 
     def __init__(self, room: EchoRoom, ledger: Ledger, peer: str, owd: OwdRoom):
         self.room, self.ledger, self.peer, self.owd = room, ledger, peer, owd
@@ -251,13 +279,14 @@ class EchoSink:
         self.room.count(self.peer, "sent")
         self.ledger.moved(self.peer, size)
 
-    def received(self, rtt: float, age: float = 0.0, jitter: float | None = None,
-                 one_way: OneWay | None = None) -> None:  # fmt: skip
+    def received(
+        self, rtt: float, age: float = 0.0, jitter: float | None = None, one_way: OneWay | None = None
+    ) -> None:
         room, peer = self.room, self.peer
         if not room.admits(peer):  # the RTT and one-way delay rooms serve the same config (Rooms.use)
             return
         now = room.clock() - age
-        state = room.load_state(peer, now)  # once for all of the echo's figures: 5 times a second a peer
+        state = room.load.of(peer, now)  # once for all of the echo's figures: 5 times a second a peer
         room.tally(UdpKey(peer, state), "received")
         room.rtt.add(RttKey(peer, "udp", state), rtt, now)
         if jitter is not None:
@@ -269,6 +298,15 @@ class EchoSink:
     def lost(self, age: float) -> None:
         self.room.count(self.peer, "lost", age)
         self.ledger.failure(self.peer, "timeout")
+
+    def clocks(self, peer_bound: float | None, clocks_apart: float) -> None:
+        if self.room.admits(self.peer):
+            self.owd.agree(self.peer, peer_bound, clocks_apart)
+
+    def rejected(self, reason: Rejection, answered: bool = False) -> None:
+        self.ledger.reject(self.peer, reason)
+        if answered:  # it came back: no loss, and no figure from it
+            self.room.count(self.peer, "received")
 
     def duplicate(self) -> None:
         self.room.count(self.peer, "duplicate")
@@ -298,8 +336,8 @@ class EchoSink:
             self.room.mark_seen(self.peer, "reverse", forward, reverse)
 
 
-class MtuSink:
-    """Path MTU outcomes of one peer (probes.base.MtuSink)."""
+class MtuRecorder:
+    """Path MTU outcomes of one peer (probes.mtu.MtuSink)."""
 
     def __init__(self, room: EchoRoom, ledger: Ledger, peer: str):
         self.room, self.ledger, self.peer = room, ledger, peer

@@ -18,8 +18,10 @@ from prometheus_client.core import (
     Metric,
 )
 
+from .. import ena
 from ..budget import Budget
 from ..config import Config
+from ..responders.iperf3 import RESTART_REASONS
 from ..schedule import Timetable
 from .common import counter, gauge, one
 
@@ -44,8 +46,7 @@ class HostRoom:
         self.turn_errors: Counter[str] = Counter()  # exception type
         self.responder_requests: Counter[tuple[str, str]] = Counter()  # responder, result
         self.iperf3_server_up = False
-        self.iperf3_serving = False  # an admitted peer's test runs on the server now
-        self.iperf3_server_restarts = 0
+        self.iperf3_server_restarts: Counter[str] = Counter()  # by reason (responders.iperf3.RESTART_REASONS)
         self.passes_late = [0] * (len(LATENESS_BUCKETS) + 1)  # the pacer's passes by lateness bucket (+Inf last)
         self.passes_late_seconds = 0.0
 
@@ -88,11 +89,8 @@ class HostRoom:
     def set_iperf3_up(self, up: bool) -> None:
         self.iperf3_server_up = up
 
-    def set_iperf3_serving(self, serving: bool) -> None:
-        self.iperf3_serving = serving
-
-    def iperf3_restarted(self) -> None:
-        self.iperf3_server_restarts += 1
+    def iperf3_restarted(self, reason: str) -> None:
+        self.iperf3_server_restarts[reason] += 1
 
     # --- metrics
     def collect(self) -> Iterator[Metric]:
@@ -155,9 +153,11 @@ class HostRoom:
             "bw_in/bw_out (bandwidth), pps, conntrack, linklocal.",
             ["interface", "counter"],
         )
-        for name, n in allowances.items():
-            family.add_metric([interface or "", name], n)
+        for name in ena.ALLOWANCES:
+            if name in allowances:
+                family.add_metric([interface or "", name], allowances[name])
         yield family
+        yield from _express(interface or "", allowances)
 
     def _budget(self, cfg: Config) -> Iterator[Metric]:
         b = self.budget
@@ -268,9 +268,41 @@ class HostRoom:
             "1 while the supervised iperf3 server runs.",
             1 if self.iperf3_server_up else 0,
         )
-        yield one(
-            CounterMetricFamily,
+        restarts = counter(
             "pathprobe_iperf3_server_restarts",
-            "Times the supervised iperf3 server exited and was restarted.",
-            self.iperf3_server_restarts,
+            "Times a supervised iperf3 server was restarted, by reason: it exited, it was stopped (SIGSTOP) for "
+            "30 s, or the supervisor found it wedged (stalled_client: a client held in the handshake, or an "
+            "admitted test without a data stream, for 10 s; client_gone: its client had no connection to it for "
+            "6 s; overran: the test ran past iperf3.max_test_seconds).",
+            ["reason"],
         )
+        for reason, n in (dict.fromkeys(RESTART_REASONS, 0) | dict(self.iperf3_server_restarts)).items():
+            restarts.add_metric([reason], n)
+        yield restarts
+
+
+# ENA Express's counters (ena.EXPRESS) by metric: its kind, name and help text.
+EXPRESS_FAMILIES = {
+    "ena_srd_mode": (GaugeMetricFamily, "pathprobe_ena_srd_mode",
+        "ENA Express on this interface (ena_srd_mode, the driver's flags): 0 off, 1 on, 3 on for UDP as well. "
+        "A path expected at ENA Express's per-flow limit with 0 here is at ENA's 5 Gbit/s per flow."),
+    "ena_srd_tx_pkts": (CounterMetricFamily, "pathprobe_ena_srd_tx_packets",
+        "Packets sent over SRD (ENA Express)."),
+    "ena_srd_eligible_tx_pkts": (CounterMetricFamily, "pathprobe_ena_srd_eligible_tx_packets",
+        "Packets that could have gone over SRD (ENA Express on both ends, same AZ): above "
+        "pathprobe_ena_srd_tx_packets, SRD fell back to ENA for the rest."),
+    "ena_srd_rx_pkts": (CounterMetricFamily, "pathprobe_ena_srd_rx_packets",
+        "Packets received over SRD (ENA Express)."),
+    "ena_srd_resource_utilization": (GaugeMetricFamily, "pathprobe_ena_srd_resource_utilization_ratio",
+        "Share of the memory for concurrent SRD connections in use (0-1): at 1, new flows fall back to ENA."),
+}  # fmt: skip
+
+
+def _express(interface: str, counters: dict[str, int]) -> Iterator[Metric]:
+    """ENA Express's counters, where the driver has them (absent, not zero, elsewhere)."""
+    for name, (kind, metric, doc) in EXPRESS_FAMILIES.items():
+        if name in counters:
+            family = kind(metric, doc, labels=["interface"])
+            value = counters[name] / 100 if name == "ena_srd_resource_utilization" else counters[name]
+            family.add_metric([interface], value)
+            yield family

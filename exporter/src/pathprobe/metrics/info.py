@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from prometheus_client.core import InfoMetricFamily, Metric
 
 from .. import build, instance_types
-from ..config import Config, PathClass, Peer, ThroughputSettings
+from ..config import Config, PathClass, Peer
+from ..probe_settings import ThroughputSettings
 from .common import PEER, TEST, gauge, peer_labels
 
 
@@ -71,8 +72,9 @@ class ConfigInfo:
             # The Transit Gateway attachments at both ends, on the paths that cross them only.
             tgw = peer.path_class == PathClass.transit_gateway
             attachments = [cfg.host.transit_gateway_attachment, peer.transit_gateway_attachment] if tgw else ["", ""]
-            info.add_metric([peer.name, peer.region, peer.zone, peer.path_class.value, str(peer.address),
-                             *attachments], 1)  # fmt: skip
+            info.add_metric(
+                [peer.name, peer.region, peer.zone, peer.path_class.value, str(peer.address), *attachments], 1
+            )
             if peer.rtt_ceiling_seconds:
                 ceiling.add_metric(labels, peer.rtt_ceiling_seconds)
             if peer.name in rtt_peers:

@@ -23,7 +23,7 @@ from prometheus_client.utils import floatToGoString
 
 from ..clock import ClockErrorBound, one_way_untrusted
 from ..config import Config
-from ..probes.base import OneWay
+from ..probes.echo import OneWay
 from .common import PEER, Room
 from .rtt import RELATIVE_ACCURACY, WindowedQuantiles
 
@@ -55,10 +55,15 @@ class OwdRoom(Room):
             for window in list(self.windows.values()):
                 window.resize(cfg.probes.rtt.quantile_window_seconds)
 
+    def agree(self, peer: str, peer_bound: float | None, clocks_apart: float) -> None:
+        """What an admitted peer's echo says of the two clocks: the bound its responder states, and
+        how far apart the clocks are at least."""
+        self.peer_bounds[peer] = peer_bound
+        self.clocks_apart[peer] = clocks_apart
+
     def observe(self, peer: str, one_way: OneWay, now: float, state: str) -> None:
         """An admitted peer's echo's delays, taken at `now` in `state` (the echo sink's received())."""
-        self.peer_bounds[peer] = one_way.peer_bound
-        self.clocks_apart[peer] = one_way.clocks_apart
+        self.agree(peer, one_way.peer_bound, one_way.clocks_apart)
         if one_way.forward < 0 or one_way.reverse < 0:
             self.negative[peer] = now
             return
@@ -80,27 +85,38 @@ class OwdRoom(Room):
 
     def collect(self) -> Iterator[Metric]:
         scope, now = self.scope, self.clock()
-        own = GaugeMetricFamily("pathprobe_clock_error_bound_seconds",
-                                "This host's clock error bound as its time service states it (clock.source: "
-                                "ClockBound, chronyd's tracking, or stated); absent when none is known.",
-                                labels=["source"])  # fmt: skip
+        own = GaugeMetricFamily(
+            "pathprobe_clock_error_bound_seconds",
+            "This host's clock error bound as its time service states it (clock.source: "
+            "ClockBound, chronyd's tracking, or stated); absent when none is known.",
+            labels=["source"],
+        )
         if self.bound.seconds is not None:
             own.add_metric([self.bound.source], self.bound.seconds)
         yield own
-        owd = Metric("pathprobe_owd_seconds",
-                     "One-way delay of UDP echoes, direction=forward (this host to the peer) or reverse: quantiles "
-                     f"over the RTT window (within {RELATIVE_ACCURACY:.1%} of the value) and count and sum since "
-                     "start, each figure within pathprobe_owd_error_bound_seconds of the true delay; only while "
-                     "pathprobe_owd_trusted is 1. state as pathprobe_rtt_seconds'.", "summary")  # fmt: skip
-        error_bound = GaugeMetricFamily("pathprobe_owd_error_bound_seconds",
-                                        "Both clocks' error bounds added: how far each one-way delay may be off.",
-                                        labels=PEER)  # fmt: skip
-        trusted = GaugeMetricFamily("pathprobe_owd_trusted",
-                                    "1 while the one-way delays to the peer are exported, else 0 "
-                                    "(pathprobe_owd_untrusted_info says why).", labels=PEER)  # fmt: skip
-        why = GaugeMetricFamily("pathprobe_owd_untrusted_info",
-                                "Why the one-way delays to the peer are withheld: no_bound, clocks_disagree or "
-                                "bound_too_wide.", labels=[*PEER, "reason"])  # fmt: skip
+        owd = Metric(
+            "pathprobe_owd_seconds",
+            "One-way delay of UDP echoes, direction=forward (this host to the peer) or reverse: quantiles "
+            f"over the RTT window (within {RELATIVE_ACCURACY:.1%} of the value) and count and sum since "
+            "start, each figure within pathprobe_owd_error_bound_seconds of the true delay; only while "
+            "pathprobe_owd_trusted is 1. state as pathprobe_rtt_seconds'.",
+            "summary",
+        )
+        error_bound = GaugeMetricFamily(
+            "pathprobe_owd_error_bound_seconds",
+            "Both clocks' error bounds added: how far each one-way delay may be off.",
+            labels=PEER,
+        )
+        trusted = GaugeMetricFamily(
+            "pathprobe_owd_trusted",
+            "1 while the one-way delays to the peer are exported, else 0 (pathprobe_owd_untrusted_info says why).",
+            labels=PEER,
+        )
+        why = GaugeMetricFamily(
+            "pathprobe_owd_untrusted_info",
+            "Why the one-way delays to the peer are withheld: no_bound, clocks_disagree or bound_too_wide.",
+            labels=[*PEER, "reason"],
+        )
         windows: dict[str, list[tuple[OwdKey, dict[float, float], WindowedQuantiles]]] = {}
         for _, key, window in scope.entries(self.windows):
             windows.setdefault(key.peer, []).append((key, window.quantiles(now), window))

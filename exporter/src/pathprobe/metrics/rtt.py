@@ -8,19 +8,21 @@ import itertools
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, MutableMapping
+from array import array
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from ddsketch import DDSketch
+from ddsketch.mapping import LogarithmicMapping
 from prometheus_client.core import Metric
 from prometheus_client.utils import floatToGoString
 
 from ..config import Config
 from ..probes import Reason
+from ..probes.base import Rejection
 from .common import PEER, Room
 from .outcomes import Ledger
 
-# RTT quantiles: exact to RELATIVE_ACCURACY of the value (DDSketch), over a window
+# RTT quantiles: exact to RELATIVE_ACCURACY of the value (DDSketch's bins), over a window
 # (probes.rtt.quantile_window_seconds) that slides in WINDOW_STEPS steps.
 QUANTILES = (0.5, 0.9, 0.99)
 RELATIVE_ACCURACY = 0.002
@@ -29,8 +31,11 @@ STATES = ("idle", "loaded")  # loaded: this host or the peer may be in a through
 # What a compact peer (mesh.compact_outside) keeps: what the rules read.
 COMPACT_QUANTILES = (0.5, 0.99)
 
-# "idle" or "loaded" for a peer at a time (Exporter.load_state).
-LoadState = Callable[[str, float], str]
+
+class Load(Protocol):
+    """ "idle" or "loaded" for a peer's sample taken at a time (load.LoadState)."""
+
+    def of(self, peer: str, now: float) -> str: ...
 
 
 class RttKey(NamedTuple):
@@ -39,18 +44,85 @@ class RttKey(NamedTuple):
     state: str  # one of STATES
 
 
+# DDSketch's bins at RELATIVE_ACCURACY (the mapping its DDSketch uses): a sample is kept as its
+# bin's key, read back as the bin's value, within RELATIVE_ACCURACY of the sample.
+MAPPING = LogarithmicMapping(RELATIVE_ACCURACY)
+
+
+class Bins:
+    """Samples as DDSketch's bins: the keys that have a sample, sorted, and each one's count, in two
+    compact arrays (a sketch per step, a list of floats over every key from the lowest to the
+    highest, was most of the exporter's memory); `zeros`: samples too small for a bin (none of an
+    RTT), counted below the lowest."""
+
+    __slots__ = ("counts", "keys", "zeros")
+
+    def __init__(self) -> None:
+        self.keys, self.counts, self.zeros = array("i"), array("I"), 0
+
+    def add(self, value: float) -> None:
+        if value <= MAPPING.min_possible:
+            self.zeros += 1
+            return
+        key = MAPPING.key(value)
+        keys = self.keys
+        i = bisect.bisect_left(keys, key)
+        if i < len(keys) and keys[i] == key:
+            self.counts[i] += 1
+        else:
+            keys.insert(i, key)
+            self.counts.insert(i, 1)
+
+    @classmethod
+    def merged(cls, parts: Sequence[Bins]) -> Bins:
+        """The sum of `parts`: the first (the largest, the window's earlier steps at a read) taken
+        whole, the others' bins added to it one by one."""
+        out = cls()
+        if not parts:
+            return out
+        counts = dict(zip(parts[0].keys, parts[0].counts, strict=True))
+        out.zeros = parts[0].zeros
+        for part in parts[1:]:
+            out.zeros += part.zeros
+            for key, n in zip(part.keys, part.counts, strict=True):
+                counts[key] = counts.get(key, 0) + n
+        keys = sorted(counts)
+        out.keys, out.counts = array("i", keys), array("I", map(counts.__getitem__, keys))
+        return out
+
+    def quantiles(self, qs: tuple[float, ...]) -> dict[float, float]:
+        """Quantiles as the probes' own summary (probes/report.py) takes them: linear interpolation
+        between the two closest ranks, each read from its bin; empty without a sample."""
+        running = list(itertools.accumulate(self.counts))
+        if not running:
+            return {}
+
+        def at(rank: int) -> float:  # the sample of this rank: in the first bin whose running count exceeds it
+            i = min(bisect.bisect_right(running, rank - self.zeros), len(running) - 1)
+            return float(MAPPING.value(self.keys[i]))
+
+        last = running[-1] + self.zeros - 1
+        out = {}
+        for q in qs:
+            rank = q * last
+            lo, hi = math.floor(rank), math.ceil(rank)
+            low = at(lo)
+            out[q] = low if hi == lo else low + (at(hi) - low) * (rank - lo)
+        return out
+
+
 class WindowedQuantiles:
-    """RTT samples of one path: quantiles over the last `window_seconds` (a ring of DDSketch
-    sketches, one per step, merged at scrape time), and the cumulative count and sum."""
+    """RTT samples of one path: quantiles over the last `window_seconds` (a ring of bins, one per
+    step, merged at scrape time), and the cumulative count and sum."""
 
     def __init__(self, window_seconds: float) -> None:
         self._lock = threading.Lock()  # observe() on the event loop, quantiles() on the render thread
         self.step_seconds = window_seconds / WINDOW_STEPS
-        self.steps: dict[int, DDSketch] = {}  # step number (time // step_seconds) -> sketch
+        self.steps: dict[int, Bins] = {}  # step number (time // step_seconds) -> its samples
         # (step, the merge of the window's earlier steps) as of the last read in that step: a
-        # render merges that and the current step's sketch, not every step's (merges were most
+        # render merges that and the current step's bins, not every step's (merges were most
         # of a render's cost), until the step ends or a sample lands in an earlier step.
-        self._earlier: tuple[int, DDSketch] | None = None
+        self._earlier: tuple[int, Bins] | None = None
         self.count = 0
         self.total = 0.0
 
@@ -64,65 +136,32 @@ class WindowedQuantiles:
     def observe(self, value: float, now: float) -> None:
         step = int(now // self.step_seconds)
         with self._lock:
-            sketch = self.steps.get(step)
-            if sketch is None:
-                sketch = self.steps[step] = DDSketch(relative_accuracy=RELATIVE_ACCURACY)
+            bins = self.steps.get(step)
+            if bins is None:
+                bins = self.steps[step] = Bins()
                 for old in [k for k in self.steps if k <= step - WINDOW_STEPS]:
                     del self.steps[old]
             if self._earlier is not None and step < self._earlier[0]:
                 self._earlier = None  # a sample in a step already merged (the wall clock stepped back)
-            sketch.add(value)
+            bins.add(value)
             self.count += 1
             self.total += value
 
     def quantiles(self, now: float) -> dict[float, float]:
         """Each of QUANTILES over the window ending now; empty when the window has no sample."""
         step = int(now // self.step_seconds)
-        window = DDSketch(relative_accuracy=RELATIVE_ACCURACY)
         with self._lock:
             if self._earlier is None or self._earlier[0] != step:
-                earlier = DDSketch(relative_accuracy=RELATIVE_ACCURACY)
-                for k, sketch in self.steps.items():
-                    if step - WINDOW_STEPS < k < step:
-                        earlier.merge(sketch)
-                self._earlier = (step, earlier)
-            window.merge(self._earlier[1])
-            if step in self.steps:
-                window.merge(self.steps[step])
-        if window.count == 0:
-            return {}
-        return _quantiles(window, QUANTILES)
-
-
-def _quantiles(sketch: DDSketch, qs: tuple[float, ...]) -> dict[float, float]:
-    """Quantiles as the probes' own summary (probes/report.py) takes them: linear
-    interpolation between the two closest ranks, each read from the sketch's bins.
-
-    One pass over the bins for all of them (DDSketch's own lookup walks the bins in
-    Python once per call). It reads the sketch's store and mapping, which are private:
-    the ddsketch version is pinned for that reason."""
-    store, mapping = sketch._store, sketch._mapping
-    below = sketch._zero_count + sketch._negative_store.count  # RTTs are positive: both 0
-    running = list(itertools.accumulate(store.bins))
-
-    def at(rank: int) -> float:  # the sample of this rank: in the first bin whose running count exceeds it
-        i = min(bisect.bisect_right(running, rank - below), len(running) - 1)
-        return float(mapping.value(i + store.offset))
-
-    last = int(sketch.count) - 1
-    out = {}
-    for q in qs:
-        rank = q * last
-        lo, hi = math.floor(rank), math.ceil(rank)
-        low = at(lo)
-        out[q] = low if hi == lo else low + (at(hi) - low) * (rank - lo)
-    return out
+                earlier = [bins for k, bins in self.steps.items() if step - WINDOW_STEPS < k < step]
+                self._earlier = (step, Bins.merged(earlier))
+            window = Bins.merged([self._earlier[1], *([self.steps[step]] if step in self.steps else [])])
+        return window.quantiles(QUANTILES)
 
 
 class RttRoom(Room):
-    def __init__(self, cfg: Config, load_state: LoadState, clock: Callable[[], float] = time.time):
+    def __init__(self, cfg: Config, load: Load, clock: Callable[[], float] = time.time):
         super().__init__(cfg)
-        self.load_state, self.clock = load_state, clock
+        self.load, self.clock = load, clock
         self.windows: dict[RttKey, WindowedQuantiles] = {}
 
     def tables(self) -> list[MutableMapping[Any, Any]]:
@@ -143,7 +182,7 @@ class RttRoom(Room):
         """A sample taken `age` seconds ago: its state and window step are those of that time."""
         if self.admits(peer):
             now = self.clock() - age
-            self.add(RttKey(peer, protocol, self.load_state(peer, now)), seconds, now)
+            self.add(RttKey(peer, protocol, self.load.of(peer, now)), seconds, now)
 
     def add(self, key: RttKey, seconds: float, now: float) -> None:
         """A sample of an admitted peer, taken at `now` in the state its key says."""
@@ -181,8 +220,8 @@ class FailingFlows(Protocol):
     def flows_failing(self, peer: str, protocol: str, count: int) -> None: ...
 
 
-class RttSink:
-    """TCP request/response outcomes of one peer (probes.base.RttSink)."""
+class RttRecorder:
+    """TCP request/response outcomes of one peer (probes.rtt.RttSink)."""
 
     def __init__(self, room: RttRoom, ledger: Ledger, flows: FailingFlows, peer: str, size: int):
         self.room, self.ledger, self.flows, self.peer, self.size = room, ledger, flows, peer, size
@@ -197,3 +236,6 @@ class RttSink:
 
     def flows_failing(self, count: int) -> None:
         self.flows.flows_failing(self.peer, "tcp", count)
+
+    def rejected(self, reason: Rejection) -> None:
+        self.ledger.reject(self.peer, reason)

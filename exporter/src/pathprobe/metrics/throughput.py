@@ -3,18 +3,23 @@ allowance counters that rose during it, and the tests skipped."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections import Counter
 from collections.abc import Iterator, MutableMapping
 from typing import Any, NamedTuple
 
 from prometheus_client.core import Metric
 
-from .. import ena
+from .. import ena, ends
 from ..config import Config
+from ..keys import TestKey
 from ..limits import Expected
 from ..probes import Reason, ThroughputResult
-from .common import TEST, Room, Scope, TestKey, counter, gauge
+from .common import TEST, Room, Scope, counter, gauge
 from .outcomes import Ledger
+
+log = logging.getLogger(__name__)
 
 CACHED = "Results are cached from the last completed test; see the matching _timestamp_seconds."
 
@@ -47,15 +52,59 @@ RESULT_FAMILIES = {
         "Mean over the last TCP test of its sending streams' smoothed RTT (tcp_info; iperf3's mean_rtt for a "
         "fixed-length test): the path's RTT with the test's own queue in it; the rate times it is what the test kept "
         "in flight. Absent where not reported (a steady-state receive test). " + CACHED,
+    "pathprobe_throughput_udp_receiver_dropped_datagrams":
+        "Datagrams the receiving host dropped for a full UDP socket buffer during the last UDP test (its "
+        "RcvbufErrors): loss of the receiver, not of the path. Absent where the receiver's end is not known. " + CACHED,
+    "pathprobe_throughput_udp_path_loss_ratio":
+        "The last UDP test's loss less what the receiving host dropped itself (0-1): the path's share. Absent where "
+        "the receiver's drops are not known. " + CACHED,
 }  # fmt: skip
+END = [*TEST, "end"]
+# Each end's figures (ends.EndFigures) by metric name: their help text.
+END_FAMILIES = {
+    "pathprobe_throughput_end_runnable_ratio":
+        "Share of its busiest second that the busiest thread of this end's iperf3 was on a CPU or waiting for one "
+        "(schedstat), in the last test: at 0.9 and above the CPU bound the test (one core's worth of work, a "
+        "cgroup quota, or other load), not the path. " + CACHED,
+    "pathprobe_throughput_end_wait_ratio":
+        "Share of its busiest second that the busiest thread of this end's iperf3 waited on a run queue for a CPU "
+        "(schedstat), in the last test: at 0.5 and above the CPU held the test back (a cgroup quota, other load), "
+        "though the thread slept between. " + CACHED,
+    "pathprobe_throughput_end_cpu_ratio":
+        "CPU time of this end's iperf3 in its busiest second of the last test, over what it could use "
+        "(pathprobe_throughput_end_usable_cpus). " + CACHED,
+    "pathprobe_throughput_end_usable_cpus":
+        "CPUs this end's iperf3 could use in the last test: its stream threads (one per process before iperf3 "
+        "3.16, one per stream from 3.16), the CPUs it may run on and its cgroup's quota, the fewest. " + CACHED,
+    "pathprobe_throughput_end_softirq_ratio":
+        "Share of its busiest second that this end's busiest core spent in softirq (the kernel's packet processing) "
+        "during the last test: at 0.9 and above it bound the test. " + CACHED,
+}  # fmt: skip
+
+
+def _end_values(e: ends.EndFigures) -> tuple[float | None, ...]:
+    """An end's value for each of END_FAMILIES, in order (None: not known)."""
+    return (e.runnable_ratio, e.wait_ratio, e.cpu_ratio, e.usable_cpus, e.softirq_ratio)
 
 
 def _values(r: ThroughputResult) -> tuple[float | None, ...]:
     """The result's value for each of RESULT_FAMILIES, in order (None: the test does not measure it)."""
     converged = None if r.converged is None else float(r.converged)
-    return (r.receiver_bytes_per_second, r.sender_bytes_per_second, r.retransmits, r.udp_loss_ratio,
-            r.jitter_seconds, r.timestamp, r.duration_seconds + r.omit_seconds, converged,
-            r.receive_window_limited_ratio, r.send_buffer_limited_ratio, r.sender_rtt_seconds)  # fmt: skip
+    return (
+        r.receiver_bytes_per_second,
+        r.sender_bytes_per_second,
+        r.retransmits,
+        r.udp_loss_ratio,
+        r.jitter_seconds,
+        r.timestamp,
+        r.duration_seconds + r.omit_seconds,
+        converged,
+        r.receive_window_limited_ratio,
+        r.send_buffer_limited_ratio,
+        r.sender_rtt_seconds,
+        r.udp_receiver_drops() if r.protocol == "udp" else None,
+        r.udp_path_loss_ratio(),
+    )
 
 
 class SkipKey(NamedTuple):
@@ -74,17 +123,21 @@ class ThroughputRoom(Room):
         # ENA allowance counters that rose during each test's last run (empty: none rose); absent
         # for tests run where the counters do not exist.
         self.allowance_rises: dict[TestKey, dict[str, int]] = {}
+        # The share of the SRD-eligible packets that went over SRD during each test's last run
+        # (ENA Express); absent where the driver has no ENA Express counters.
+        self.srd_shares: dict[TestKey, float] = {}
         self.skipped: Counter[SkipKey] = Counter()
 
     def tables(self) -> list[MutableMapping[Any, Any]]:
-        return [self.results, self.previous, self.expected, self.allowance_rises, self.skipped]
+        return [self.results, self.previous, self.expected, self.allowance_rises, self.srd_shares, self.skipped]
 
     # --- writers
     def record(self, key: TestKey, result: ThroughputResult) -> None:
         if self.admits(key.peer):
             if key in self.results:
                 self.previous[key] = self.results[key].receiver_bytes_per_second
-            self.results[key] = result
+            # Without iperf3's intervals: they are the evidence store's (evidence.py), not /metrics'.
+            self.results[key] = dataclasses.replace(result, intervals=[])
             self.ledger.moved(key.peer, result.moved_bytes())
             self.ledger.success(key.peer)
 
@@ -99,19 +152,37 @@ class ThroughputRoom(Room):
         if self.admits(key.peer):
             self.allowance_rises[key] = rises
 
+    def srd_share(self, key: TestKey, share: float) -> None:
+        if self.admits(key.peer):
+            self.srd_shares[key] = share
+
     def skip(self, peer: str, reason: str) -> None:
         if self.admits(peer):
             self.skipped[SkipKey(peer, reason)] += 1
 
-    def has_result(self, key: TestKey) -> bool:
-        return key in self.results
+    def expect_unmeasured(self, key: TestKey, expected: Expected) -> None:
+        """An expected value from the RTT window alone, for a test without a result yet: a test's
+        result keeps the value rated with it, so that their ratio compares the test with its own."""
+        if key not in self.results:
+            self.expect(key, expected)
 
     # --- metrics
     def collect(self) -> Iterator[Metric]:
         scope = self.scope
         yield from self._results(scope)
+        yield from self._ends(scope)
         yield from self._expected(scope)
         yield self._rises(scope)
+        srd = gauge(
+            "pathprobe_throughput_srd_share_during_last_test",
+            "Share of the packets eligible for ENA Express's SRD that went over it during the last run of the test "
+            "(0-1, ethtool -S ena_srd_tx_pkts over ena_srd_eligible_tx_pkts; the whole interface's): below 1 on a path "
+            "expected at ENA Express's 25 Gbit/s per flow, SRD fell back to ENA's 5. Absent without the counters.",
+            TEST,
+        )
+        for labels, key, share in scope.entries(self.srd_shares):
+            srd.add_metric([*labels, *key.spec], share)
+        yield srd
         skipped = counter(
             "pathprobe_throughput_skipped", "Scheduled throughput tests not run, by reason.", ["peer", "reason"]
         )
@@ -134,6 +205,33 @@ class ThroughputRoom(Room):
         for peer, key, rate in scope.entries(self.previous):
             previous.add_metric([*peer, *key.spec], rate)
         yield from [*families, previous]
+
+    def _ends(self, scope: Scope) -> Iterator[Metric]:
+        families = [gauge(name, doc, END) for name, doc in END_FAMILIES.items()]
+        info = gauge(
+            "pathprobe_throughput_end_info",
+            "Each end of the last test: its iperf3's version and how many iperf3 processes carried the test "
+            "(value 1; absent for an end that reported nothing).",
+            [*END, "iperf3_version", "processes"],
+        )
+        bound = gauge(
+            "pathprobe_throughput_host_bound_info",
+            "What of its own ends bound the last test (value 1): receiver_drops, receiver_cpu or sender_cpu (it "
+            "measured a host, not the path: the path alerts leave it out; `remedy` says what would lift it), none "
+            "(both ends had headroom), unknown (an end's figures are missing: an older peer).",
+            [*TEST, "limit", "remedy"],
+        )
+        for peer, key, result in scope.entries(self.results):
+            labels = [*peer, *key.spec]
+            bound.add_metric([*labels, result.bound, result.remedy], 1)
+            for end_name, end in (("sender", result.sender_end), ("receiver", result.receiver_end)):
+                if end is None:
+                    continue
+                info.add_metric([*labels, end_name, end.iperf3_version or "", str(end.processes)], 1)
+                for family, value in zip(families, _end_values(end), strict=True):
+                    if value is not None:
+                        family.add_metric([*labels, end_name], value)
+        yield from [*families, info, bound]
 
     def _expected(self, scope: Scope) -> Iterator[Metric]:
         expected = gauge(
@@ -174,3 +272,20 @@ class ThroughputRoom(Room):
             for name in ena.ALLOWANCES:
                 rises.add_metric([*peer, *key.spec, name], rose.get(name, 0))
         return rises
+
+
+class TestRecorder:
+    """Where one scheduled test's outcome goes (probes.throughput.ThroughputSink): the throughput
+    room, and the log for a test that gave no result."""
+
+    def __init__(self, room: ThroughputRoom, key: TestKey):
+        self.room, self.key = room, key
+
+    def result(self, result: ThroughputResult) -> None:
+        self.room.record(self.key, result)
+        if result.peer_report_rejected is not None:
+            self.room.ledger.reject(self.key.peer, "report_rejected", result.peer_report_rejected)
+
+    def failure(self, reason: Reason, detail: str) -> None:
+        self.room.failed(self.key.peer, reason)
+        log.info("throughput %s %s: %s: %s", self.key.peer, "/".join(self.key.spec), reason, detail)

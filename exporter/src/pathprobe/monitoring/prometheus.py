@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from .rules import REGION_PAIR_SERIES
+from .common import REGION_PAIR_SERIES
 
 Layout = Literal["single", "regional", "global"]
 
@@ -47,8 +47,12 @@ def render(  # noqa: PLR0913 - keyword-only, each an optional section of prometh
         job = {"job_name": "pathprobe", **(scrape or {}), "file_sd_configs": [{"files": [file_sd]}]}
         out["scrape_configs"] = [job]
     if layout == "regional":
-        out["remote_write"] = [{
-            "url": remote_write_url,
-            "write_relabel_configs": [{"source_labels": ["__name__"], "regex": REGION_PAIR_SERIES, "action": "keep"}],
-        }]  # fmt: skip
+        out["remote_write"] = [
+            {
+                "url": remote_write_url,
+                "write_relabel_configs": [
+                    {"source_labels": ["__name__"], "regex": REGION_PAIR_SERIES, "action": "keep"}
+                ],
+            }
+        ]
     return out

@@ -1,32 +1,21 @@
-"""Probers, one module each: rtt (TCP request/response), echo (UDP echo: loss and RTT), mtu
-(path MTU), throughput (iperf3). See base.py for the shape they share."""
+"""Probers, one module each: rtt (TCP request/response), echo (UDP echo: loss, RTT, one-way
+delays; the `loss` kind), mtu (path MTU), throughput (iperf3). base.py holds the shape they
+share; kinds.KINDS names each kind's prober."""
 
-from collections.abc import Callable
-
-from .base import REASONS, ProbeFailure, Prober, Reason, Target, reason_of_oserror
+from .base import REASONS, ProbeFailure, Prober, ProberFactory, Reason, Target, reason_of_oserror
 from .echo import EchoProber
+from .iperf3_test import ThroughputResult, ThroughputTest
 from .mtu import MtuProber
 from .rtt import RttProber
-from .throughput import ThroughputProber, ThroughputResult, ThroughputTest
-
-# Each probe kind (the `probe` label of pathprobe_probe_runs_total) and its prober, all built
-# as PROBERS[kind](target, settings, sink).
-PROBERS: dict[str, Callable[..., Prober]] = {
-    "throughput": ThroughputProber,
-    "rtt": RttProber,
-    "loss": EchoProber,
-    "mtu": MtuProber,
-}
-CONTINUOUS = ("rtt", "loss", "mtu")  # run per peer until cancelled; throughput runs per test of a turn
+from .throughput import ThroughputProber
 
 __all__ = [
-    "CONTINUOUS",
-    "PROBERS",
     "REASONS",
     "EchoProber",
     "MtuProber",
     "ProbeFailure",
     "Prober",
+    "ProberFactory",
     "Reason",
     "RttProber",
     "Target",

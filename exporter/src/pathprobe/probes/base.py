@@ -1,208 +1,57 @@
-"""What every prober shares: its shape, its target, the failure reasons, and the sinks it
-reports to.
+"""What every prober shares: its shape, its target and the failure reasons.
 
-One shape for every prober (as blackbox_exporter's prober/ has one probe signature): a
-prober is built from its `Target`, its settings model and its sink (`Prober`;
-`probes.PROBERS` maps each probe kind to its class), and `run()` reports every outcome
-to the sink, never raising for a failure of the probe: a failure is reported with its
-reason. Continuous probers (rtt, echo, mtu) back off and go on until cancelled; the
-scheduled prober (throughput) runs one test and returns its outcome too.
+One shape for every prober, as blackbox_exporter's prober/ has one probe function: a prober is
+built from its `Target`, its settings model and its sink (`ProberFactory`; kinds.KINDS names each
+kind's), and `run()` hands every outcome to that sink as it comes, never raising for a failure of
+the probe: a failure is handed on with its reason. A continuous prober (rtt, loss, mtu) backs off
+and goes on until cancelled and returns nothing; the scheduled one (throughput) runs one test and
+also returns its outcome, for the turn that waits on it. Each sink protocol sits beside its prober.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import errno
-import heapq
-import itertools
-import math
-import select
-import socket
-import weakref
-from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
-
-if TYPE_CHECKING:
-    from .throughput import ThroughputResult
+from dataclasses import dataclass
+from typing import Literal, Protocol, TypeVar
 
 # The `result` label of pathprobe_probe_runs_total; order is the documented one.
-REASONS = ("ok", "busy", "timeout", "refused", "unreachable", "not_allowed", "out_of_turn", "fragmentation_needed",
-           "error")  # fmt: skip
-Reason = Literal["busy", "timeout", "refused", "unreachable", "not_allowed", "out_of_turn", "fragmentation_needed",
-                 "error"]  # fmt: skip
+REASONS = (
+    "ok",
+    "busy",
+    "timeout",
+    "refused",
+    "unreachable",
+    "not_allowed",
+    "out_of_turn",
+    "fragmentation_needed",
+    "error",
+)
+Reason = Literal[
+    "busy", "timeout", "refused", "unreachable", "not_allowed", "out_of_turn", "fragmentation_needed", "error"
+]
+
+# Why a field of a peer's answer was not taken (the `reason` label of
+# pathprobe_probe_answers_rejected_total): a peer's answer is its word, and a responder can be old,
+# buggy, half upgraded, behind a middlebox that rewrites bytes, or hostile. Each is checked against
+# what is physically possible before it becomes a number.
+REJECTIONS = (
+    "hold_beyond_rtt",  # the responder's hold at or beyond the whole round trip: no sample
+    "follow_up_out_of_bounds",  # a two-step follow-up's stretch negative or beyond its sample's RTT: ignored
+    "count_beyond_sent",  # a flow's received count above what was sent on it: that flow's direction split withheld
+    "count_not_monotonic",  # a flow's received count fell (a restarted or broken responder): its split withheld
+    "clock_implausible",  # the responder's clock stamps reversed, or a day or more from this host's: no offset
+    "delay_impossible",  # an exchange's on-wire delay negative or beyond its round trip: no offset from it
+    "bound_implausible",  # a stated clock error bound beyond 10 s: taken as none
+    "malformed",  # an answer of the wrong shape (a hello's reply not Y or N)
+    "report_rejected",  # a served test's report not possible (probes/peer_end.py): that end unknown
+)
+Rejection = Literal[
+    "hold_beyond_rtt", "follow_up_out_of_bounds", "count_beyond_sent", "count_not_monotonic", "clock_implausible",
+    "delay_impossible", "bound_implausible", "malformed", "report_rejected",
+]  # fmt: skip
 
 # A failing peer is not probed faster than this.
 BACKOFF_SECONDS = 1.0
-# The continuous probes' sends wake on a shared grid of this step: the sends of every peer that
-# fall due within one step go out in one pass of the event loop (one epoll_wait) instead of one
-# pass each. bench/exporter_bench.py --cost: 250 wake-ups a second at phases spread over the
-# interval (as after reloads and back-offs) cost 1.2-2.4% of a core one by one, 0.5-0.6% on the grid.
-PACE_SECONDS = 0.05
-# At most this many datagrams a socket read on the grid in a pass: a flood on one cannot hold the loop.
-READ_ROUNDS_MOST = 64
-
-
-class LateSink(Protocol):
-    """Where the pacer says how late each pass ran after its time (metrics.host.HostRoom)."""
-
-    def pass_late(self, seconds: float) -> None: ...
-
-
-async def sleep_until(due: float, interval: float) -> None:
-    """Sleep until the event loop's time `due`, rounded up to the next PACE_SECONDS step, for
-    a probe sent every `interval` seconds; a probe sent more often than the step is not rounded
-    (two of its packets would leave at once)."""
-    loop = asyncio.get_running_loop()
-    if interval >= PACE_SECONDS:
-        due = math.ceil(due / PACE_SECONDS) * PACE_SECONDS
-    await asyncio.sleep(max(0.0, due - loop.time()))
-
-
-@dataclass(slots=True)
-class _Sender:
-    interval: float
-    send: Callable[[], None]
-    count: int | None  # sends to make; None: until cancelled
-    done: asyncio.Future[None]
-    due: float  # the event loop's time of its next send, before rounding to the grid
-    sent: int = field(default=0)
-
-
-class Pacer:
-    """One timer for the sends of every continuous prober of an event loop: each sender's
-    `send()` is called every `interval` seconds on the PACE_SECONDS grid (as sleep_until
-    rounds), and the sends of every sender due in a step are made in one timer callback. A task
-    per sender woke for each send (a task step and a future each): bench/exporter_bench.py --cost
-    compares the two. The answers to those sends are read on the same passes (read_on_grid)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._queue: list[tuple[float, int, _Sender]] = []  # a heap: (when due on the grid, order, sender)
-        self._order = itertools.count()
-        self._timer: asyncio.TimerHandle | None = None
-        self._readable: select.epoll | None = None  # the sockets read on the grid, once there are any
-        self._readers: dict[int, Callable[[], None]] = {}  # their file descriptors -> what reads each
-        self._awaited = 0  # reads on the grid that something waits for: the passes go on while any does
-        self.late: LateSink | None = None  # told each pass's lateness: the event loop's, measured for free
-
-    @classmethod
-    def of(cls, loop: asyncio.AbstractEventLoop) -> Pacer:
-        """The loop's pacer."""
-        pacer = _PACERS.get(loop)
-        if pacer is None:
-            pacer = _PACERS[loop] = cls(loop)
-        return pacer
-
-    def repeat(self, interval: float, send: Callable[[], None], count: int | None = None) -> asyncio.Future[None]:
-        """Call `send` now and then every `interval` seconds, `count` times (None: until the
-        future returned is cancelled). The future is done after the last send, or with the
-        exception `send` raised. After a stall the sends catch up by at most 1 s, one per pass
-        of the event loop, never in a burst."""
-        sender = _Sender(interval, send, count, self._loop.create_future(), self._loop.time())
-        if count == 0:
-            sender.done.set_result(None)
-        else:
-            self._enqueue(sender)
-            self._arm()
-        return sender.done
-
-    def _enqueue(self, sender: _Sender) -> None:
-        when = sender.due
-        if sender.interval >= PACE_SECONDS:  # a sender more often than the step is not rounded (as sleep_until)
-            when = math.ceil(when / PACE_SECONDS) * PACE_SECONDS
-        heapq.heappush(self._queue, (when, next(self._order), sender))
-
-    def _arm(self) -> None:
-        """The timer at the first sender due, or at the next step of the grid while a read is awaited."""
-        first = self._queue[0][0] if self._queue else math.inf
-        if self._awaited:
-            first = min(first, (math.floor(self._loop.time() / PACE_SECONDS) + 1) * PACE_SECONDS)
-        if first == math.inf:
-            return
-        if self._timer is not None:
-            if self._timer.when() <= first:
-                return
-            self._timer.cancel()
-        self._timer = self._loop.call_at(first, self._fire)
-
-    def read_on_grid(self, sock: socket.socket, read: Callable[[], None]) -> None:
-        """Call `read` on each pass of the grid, before its sends, while `sock` has a datagram or an
-        error to read, until stop_reading(sock): the answers of a mesh's paths (each its own length)
-        come back apart, and a wake-up of the loop for each cost more than the answer's handling
-        (bench/exporter_bench.py --cost). Only for reads that carry their kernel's arrival stamp (a
-        datagram, a stream's answer), so that the wait for the pass is in no measurement; a read
-        that something waits for keeps a pass on every step meanwhile (awaiting)."""
-        if self._readable is None:
-            self._readable = select.epoll()
-        self._readable.register(sock.fileno(), select.EPOLLIN)  # EPOLLERR always
-        self._readers[sock.fileno()] = read
-
-    @contextlib.contextmanager
-    def awaiting(self) -> Iterator[None]:
-        """While in this block, a pass on every step of the grid: something waits for a read on it
-        (a request's answer), and the senders' passes alone may be a second apart, or none."""
-        self._awaited += 1
-        self._arm()
-        try:
-            yield
-        finally:
-            self._awaited -= 1
-
-    def stop_reading(self, sock: socket.socket) -> None:
-        """No more reads of `sock` (before it is closed: its number is then another socket's)."""
-        if self._readers.pop(sock.fileno(), None) is not None and self._readable is not None:
-            self._readable.unregister(sock.fileno())
-
-    def read_ready(self) -> None:
-        """Each socket of read_on_grid that has something to read, read now: a `read` takes one
-        datagram (a socket rarely holds two), and those still ready are read again, in rounds."""
-        if self._readable is None:
-            return
-        for _ in range(READ_ROUNDS_MOST):
-            ready = self._readable.poll(0)
-            if not ready:
-                return
-            for fd, _ in ready:
-                read = self._readers.get(fd)
-                if read is None:
-                    continue
-                try:
-                    read()
-                except Exception as exc:  # a prober's bug: logged as the loop logs a reader's; the others read on
-                    self._loop.call_exception_handler({"message": "reading on the grid", "exception": exc})
-
-    def _fire(self) -> None:
-        assert self._timer is not None
-        fired_at, self._timer = self._timer.when(), None
-        if self.late is not None:
-            self.late.pass_late(max(0.0, self._loop.time() - fired_at))
-        self.read_ready()  # the answers first: what timed out is expired by the sends below
-        now = self._loop.time()
-        until, again = max(now, fired_at), []
-        while self._queue and self._queue[0][0] <= until:
-            sender = heapq.heappop(self._queue)[2]
-            if sender.done.done():  # cancelled: its prober stopped
-                continue
-            try:
-                sender.send()
-            except Exception as exc:  # a prober's bug: its run() raises it
-                sender.done.set_exception(exc)
-                continue
-            sender.sent += 1
-            if sender.count is not None and sender.sent >= sender.count:
-                sender.done.set_result(None)
-                continue
-            sender.due = max(sender.due + sender.interval, now - 1.0)
-            again.append(sender)  # after this pass: one catch-up send per pass
-        for sender in again:
-            self._enqueue(sender)
-        self._arm()
-
-
-_PACERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Pacer] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -237,102 +86,18 @@ def reason_of_oserror(exc: OSError) -> Reason:
 
 
 class Prober(Protocol):
-    """A prober of one peer, built as `PROBERS[kind](target, settings, sink)`."""
+    """A prober of one peer. `run()` takes nothing more (what it needs came with the prober) and
+    hands every outcome to the prober's sink; it returns None (a continuous prober, cancelled) or
+    the outcome of its one test (the scheduled prober: a result, or the reason it gave none)."""
 
     async def run(self) -> object: ...
 
 
-class RttSink(Protocol):
-    """Outcomes of the TCP request/response prober."""
-
-    # age: seconds since the answer came (a two-step responder's follow-up comes with the next one)
-    def rtt(self, seconds: float, age: float = 0.0) -> None: ...
-    def failure(self, reason: Reason) -> None: ...
-    def flows_failing(self, count: int) -> None: ...
+Settings_contra = TypeVar("Settings_contra", contravariant=True)
+Sink_contra = TypeVar("Sink_contra", contravariant=True)
 
 
-class OneWay(NamedTuple):
-    """One echo's one-way delays (each off by the clocks' offset), the bound the peer's responder
-    states, and how far apart the clocks are at least (the on-wire offset less its own error)."""
+class ProberFactory(Protocol[Settings_contra, Sink_contra]):
+    """How every prober is built: from where it sends, its settings and its sink."""
 
-    forward: float
-    reverse: float
-    peer_bound: float | None
-    clocks_apart: float
-
-
-class EchoSink(Protocol):
-    """Outcomes of the UDP echo prober, packet by packet."""
-
-    def sent(self, size: int) -> None: ...
-    # An answered echo, in one call (its figures are recorded under one load state): its RTT, the
-    # RTT variation so far (None before a second answer), its one-way delays where the responder
-    # stamps; age: seconds since it came back (a two-step responder's follow-up comes with the next answer).
-    def received(self, rtt: float, age: float = 0.0, jitter: float | None = None,
-                 one_way: OneWay | None = None) -> None: ...  # fmt: skip
-    def lost(self, age: float) -> None: ...  # age: seconds since the packet was sent
-    def duplicate(self) -> None: ...
-    def reordered(self) -> None: ...
-    def late(self) -> None: ...
-    def failure(self, reason: Reason) -> None: ...
-    def flows_failing(self, count: int, worst_loss_ratio: float) -> None: ...
-    def lost_by_direction(self, forward: int, reverse: int) -> None: ...
-    def clock_offset(self, seconds: float) -> None: ...  # the peer's clock minus this host's
-    # The DSCP an echo was sent with, the one it reached the peer with, and the one the answer
-    # (sent with that) came back with (None where this host's socket did not say).
-    def marks(self, sent: int, forward: int, reverse: int | None) -> None: ...
-
-
-class RttTee:
-    """Hands every RTT outcome to several sinks (e.g. the RTT room and an RTT window)."""
-
-    def __init__(self, *sinks: RttSink):
-        self.sinks = sinks
-
-    def rtt(self, seconds: float, age: float = 0.0) -> None:
-        for s in self.sinks:
-            s.rtt(seconds, age)
-
-    def failure(self, reason: Reason) -> None:
-        for s in self.sinks:
-            s.failure(reason)
-
-    def flows_failing(self, count: int) -> None:
-        for s in self.sinks:
-            s.flows_failing(count)
-
-
-class FlowHealth:
-    """Recent outcomes of one flow (one source port): a flow whose recent probes are
-    mostly lost is failing, which one broken member of an ECMP group looks like."""
-
-    RECENT, MIN_OUTCOMES, FAILING_RATIO = 32, 4, 0.5
-
-    def __init__(self) -> None:
-        self.outcomes: deque[bool] = deque(maxlen=self.RECENT)  # True: lost
-        self.lost = 0  # of the outcomes kept
-
-    def record(self, lost: bool) -> None:
-        if len(self.outcomes) == self.RECENT:
-            self.lost -= self.outcomes[0]
-        self.outcomes.append(lost)
-        self.lost += lost
-
-    def loss_ratio(self) -> float:
-        return self.lost / len(self.outcomes) if self.outcomes else 0.0
-
-    def failing(self) -> bool:
-        return len(self.outcomes) >= self.MIN_OUTCOMES and self.loss_ratio() >= self.FAILING_RATIO
-
-
-class MtuSink(Protocol):
-    """Outcomes of the path MTU prober, one probe of one size at a time."""
-
-    def mtu(self, size: int, carried: bool, reason: Reason | None) -> None: ...
-
-
-class ThroughputSink(Protocol):
-    """The outcome of one throughput test."""
-
-    def result(self, result: ThroughputResult) -> None: ...
-    def failure(self, reason: Reason, detail: str) -> None: ...
+    def __call__(self, target: Target, settings: Settings_contra, sink: Sink_contra, /) -> Prober: ...

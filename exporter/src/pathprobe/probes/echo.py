@@ -19,20 +19,37 @@ from __future__ import annotations
 import asyncio
 import functools
 import socket
+import statistics
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 from .. import stamps, wire
-from ..config import LossSettings
-from .base import BACKOFF_SECONDS, PACE_SECONDS, EchoSink, FlowHealth, OneWay, Pacer, Target, reason_of_oserror
+from ..probe_settings import EchoSettings
+from .base import BACKOFF_SECONDS, Reason, Rejection, Target, reason_of_oserror
+from .flows import FlowHealth
+from .pacer import PACE_SECONDS, Pacer
+from .recent import ANSWERED, EXPIRED, Recent
 
 # At most this often: the loss totals and the flows' health go to the sink (_account), and the held
 # echoes are looked at for an overdue follow-up (_expire).
 ACCOUNT_EVERY_SECONDS = 1.0
-# The clock offset reported is that of the least-delayed of this many recent exchanges (as
-# NTP's clock filter picks its sample): queueing on either way adds error to the others.
-OFFSET_SAMPLES = 64
+# The clock offset reported: the median offset of the OFFSET_QUORUM least-delayed of the last
+# OFFSET_SAMPLES exchanges. Queueing on either way adds error to an exchange's offset (its error is at
+# most half its delay), so the least-delayed are the ones to trust, as NTP's clock filter takes them
+# (RFC 5905 section 10); the median of several keeps one corrupt answer among them (a clock centuries
+# ahead with a plausible delay) from setting the offset, as one sample alone would.
+OFFSET_SAMPLES, OFFSET_QUORUM = 64, 8
+# A responder's clock a day or more from this host's is not one its stamps can be taken from.
+PLAUSIBLE_OFFSET_SECONDS = 86400.0
+# An exchange's on-wire delay may exceed what this host measured of it by a clock read's jitter.
+DELAY_SLACK_SECONDS = 0.001
+# A stated clock error bound beyond this is not one (the config's own bound is at most 10 s).
+PLAUSIBLE_BOUND_SECONDS = 10.0
+# A flow's received count may fall behind an earlier answer's by reordering on the way there; by
+# more than this, the responder's count started again (a restart) or is broken.
+COUNT_REORDER_SLACK = 64
 # Sends per flow whose transmit stamp is still awaited: the stamp comes within the send()
 # itself or, behind a shaper's queue, within the packet's time in it.
 STAMP_KEYS_KEPT = 64
@@ -40,24 +57,77 @@ STAMP_KEYS_KEPT = 64
 JITTER_GAIN = 1 / 16
 
 
-class LeastDelayed:
-    """The least-delayed of the last `size` exchanges (delay, offset): a monotonic queue, in which
-    each exchange is pushed and popped once, instead of a scan of all of them at every echo."""
+class OneWay(NamedTuple):
+    """One echo's one-way delays (each off by the clocks' offset), the bound the peer's responder
+    states, and how far apart the clocks are at least (the on-wire offset less its own error)."""
 
-    def __init__(self, size: int) -> None:
-        self.size, self.added = size, 0
-        self.queue: deque[tuple[int, float, float]] = deque()  # (number, delay, offset), delays rising
+    forward: float
+    reverse: float
+    peer_bound: float | None
+    clocks_apart: float
 
-    def add(self, delay: float, offset: float) -> tuple[float, float]:
-        """Add an exchange; returns the least-delayed one's (delay, offset) of the window."""
-        queue = self.queue
-        while queue and queue[-1][1] >= delay:
-            queue.pop()  # never the least delayed again: this one is newer and no slower
-        queue.append((self.added, delay, offset))
-        self.added += 1
-        if queue[0][0] < self.added - self.size:
-            queue.popleft()
-        return queue[0][1], queue[0][2]
+
+class EchoSink(Protocol):
+    """Outcomes of the UDP echo prober, packet by packet."""
+
+    def sent(self, size: int) -> None: ...
+    # An answered echo, in one call (its figures are recorded under one load state): its RTT, the
+    # RTT variation so far (None before a second answer), its one-way delays where the responder
+    # stamps; age: seconds since it came back (a two-step responder's follow-up comes with the next answer).
+    def received(
+        self, rtt: float, age: float = 0.0, jitter: float | None = None, one_way: OneWay | None = None
+    ) -> None: ...
+    def lost(self, age: float) -> None: ...  # age: seconds since the packet was sent
+    def duplicate(self) -> None: ...
+    def reordered(self) -> None: ...
+    def late(self) -> None: ...
+    def failure(self, reason: Reason) -> None: ...
+    # A field of an answer not taken (probes.base.REJECTIONS); `answered`: an echo that came back with
+    # no figure that could be taken (it is no loss, and no sample).
+    def rejected(self, reason: Rejection, answered: bool = False) -> None: ...
+    def flows_failing(self, count: int, worst_loss_ratio: float) -> None: ...
+    def lost_by_direction(self, forward: int, reverse: int) -> None: ...
+    def clock_offset(self, seconds: float) -> None: ...  # the peer's clock minus this host's
+    # What an echo's clock stamps say of the two clocks (its OneWay's bound and clocks_apart) where its
+    # delays were not taken (a hold beyond the round trip): whether the peer's delays may be trusted.
+    def clocks(self, peer_bound: float | None, clocks_apart: float) -> None: ...
+    # The DSCP an echo was sent with, the one it reached the peer with, and the one the answer
+    # (sent with that) came back with (None where this host's socket did not say).
+    def marks(self, sent: int, forward: int, reverse: int | None) -> None: ...
+
+
+class OffsetFilter:
+    """The clock offset of the last `size` exchanges (delay, offset): the median offset of the
+    `quorum` least-delayed, and the largest delay among those (the offset's error is at most half
+    of it). Kept from one exchange to the next while the least-delayed stay the same (most
+    exchanges are not among them, nor is the one they push out): worked out again, a sort of
+    them all, only when they change, not at every echo."""
+
+    def __init__(self, size: int = OFFSET_SAMPLES, quorum: int = OFFSET_QUORUM) -> None:
+        self.quorum = quorum
+        self.exchanges: deque[tuple[float, float]] = deque(maxlen=size)
+        # (the estimate, the last of the least-delayed in sort order) while they are the same
+        self._kept: tuple[tuple[float, float], tuple[float, float]] | None = None
+
+    def add(self, delay: float, offset: float) -> None:
+        exchange, kept = (delay, offset), self._kept
+        full = len(self.exchanges) == self.exchanges.maxlen
+        if kept is not None and not (exchange > kept[1] and (not full or self.exchanges[0] > kept[1])):
+            self._kept = None  # it is among the least-delayed, or pushes one of them out
+        self.exchanges.append(exchange)
+
+    def estimate(self) -> tuple[float, float] | None:
+        """(the offset, the largest delay of the exchanges it is the median of); None before any."""
+        if self._kept is not None:
+            return self._kept[0]
+        if not self.exchanges:
+            return None
+        best = sorted(self.exchanges)[: self.quorum]
+        offsets = sorted(offset for _, offset in best)
+        estimate = statistics.median(offsets), best[-1][0]
+        if len(best) == self.quorum:  # fewer: each new exchange is among them
+            self._kept = (estimate, best[-1])
+        return estimate
 
 
 @dataclass(slots=True)
@@ -82,26 +152,35 @@ class _Flow:
         self.health = FlowHealth()
         self.stamps: stamps.AwaitedStamps[int] = stamps.AwaitedStamps(STAMP_KEYS_KEPT)  # seqs sent
         self.held: _Sample | None = None  # the last echo's, until the next answer follows it up
+        # Its split by direction, once its responder's count is not to be believed: (forward, reverse)
+        # as they stood then, no longer moved by its answers.
+        self.withheld: tuple[int, int] | None = None
+
+    def split(self, in_flight: int) -> tuple[int, int]:
+        """Its packets lost on the way there and on the way back, as far as its answers tell."""
+        if self.withheld is not None:
+            return self.withheld
+        if not self.newest:
+            return 0, 0
+        return max(0, self.newest - self.reflected), max(0, self.reflected - self.answered - in_flight)
 
 
 class EchoProber:
-    def __init__(self, target: Target, settings: LossSettings, sink: EchoSink):
+    def __init__(self, target: Target, settings: EchoSettings, sink: EchoSink):
         self.target, self.settings, self.sink = target, settings, sink
         self._seq = 0
         # seq -> (send time, flow, the packet's 1-based index in its flow), in send order
         self._outstanding: OrderedDict[int, tuple[float, int, int]] = OrderedDict()
         self._flows = [_Flow() for _ in range(settings.flows)]
-        self._index: dict[int, tuple[int, int]] = {}  # recent seq -> (flow, index), for late echoes
         self._by_direction = (0, 0)
         self._accounted = self._held_checked = -ACCOUNT_EVERY_SECONDS
-        self._answered: OrderedDict[int, None] = OrderedDict()  # recent seqs, for duplicates
-        self._expired: OrderedDict[int, None] = OrderedDict()  # recent lost seqs, for late echoes
         self._newest = -1
         self._last_rtt: float | None = None
         self._jitter = 0.0
-        self._memory = max(1024, int(settings.rate_pps * settings.timeout_seconds * 4))
-        self._offsets = LeastDelayed(OFFSET_SAMPLES)
-        self._offset: float | None = None  # the clock offset the sink was last told
+        # The recent packets, for duplicates and late echoes (their flow's counts)
+        self._recent = Recent(max(1024, int(settings.rate_pps * settings.timeout_seconds * 4)))
+        self._offsets = OffsetFilter()
+        self._offset: tuple[float, float] | None = None  # the filter's estimate the sink was last told
         self._marks: tuple[int, int, int | None] | None = None  # the marks it was last told (sent, forward, reverse)
         self._stamping = False  # whether the flows' sockets give transmit stamps
         self._sent_ns: dict[int, int] = {}  # seq -> the kernel's transmit stamp, of packets in flight
@@ -138,10 +217,11 @@ class EchoProber:
             return
         self.datagram_received(data, addr, stamps.kernel_time(ancdata), wire.received_tos(ancdata))
 
-    def datagram_received(self, data: bytes, addr: tuple[str, int], arrived_ns: int | None = None,
-                          tos: int | None = None) -> None:  # fmt: skip
-        now = time.perf_counter()
-        arrived_ns = arrived_ns or time.time_ns()
+    def datagram_received(
+        self, data: bytes, addr: tuple[str, int], arrived_ns: int | None = None, tos: int | None = None
+    ) -> None:
+        now, now_ns = time.perf_counter(), time.time_ns()  # together: see stamps.arrival_on_clock
+        arrived_ns = arrived_ns or now_ns
         if data[:4] == wire.ECHO_REFUSED and len(data) >= wire.ECHO_REFUSAL.size:
             _, seq = wire.ECHO_REFUSAL.unpack_from(data)
             if self._outstanding.pop(seq, None) is not None:
@@ -154,32 +234,54 @@ class EchoProber:
         kernel_sent_ns = self._sent_ns.pop(seq, None)
         sent_ns = stamps.sent_time(read_sent_ns, kernel_sent_ns, arrived_ns)
         if outstanding is None:
-            if seq in self._answered:
-                self.sink.duplicate()
-            elif seq in self._expired:
-                self.sink.late()
-                if seq in self._index:
-                    self._echoed(*self._index[seq], reflected)
+            self._not_awaited(seq, reflected)
             return
         sent_at, flow, index = outstanding
         f = self._flows[flow]
         f.health.record(lost=False)
-        self._echoed(flow, index, reflected)
         if seq < self._newest:
             self.sink.reordered()
         self._newest = max(self._newest, seq)
-        self._remember(self._answered, seq)
+        self._recent.mark(seq, ANSWERED)
         rtt = stamps.network_rtt(sent_ns, arrived_ns, now - sent_at, hold_ns)
-        on_clock = (read_sent_ns, stamps.arrival_on_clock(read_sent_ns, kernel_sent_ns, arrived_ns, now - sent_at))
-        sample = _Sample(seq, now, rtt, self._clocks(sent_ns, arrived_ns, hold_ns, data, on_clock))
-        if len(data) >= wire.ECHO_MARK_OFFSET + wire.ECHO_MARK.size:
-            read, forward = wire.ECHO_MARK.unpack_from(data, wire.ECHO_MARK_OFFSET)
-            if read:
-                marks = (self.settings.dscp, forward >> 2, None if tos is None else tos >> 2)
-                if marks != self._marks or marks[1] != marks[0] or marks[2] not in (None, marks[1]):
-                    self._marks = marks  # the sink counts changed marks: told of each, and of any other news
-                    self.sink.marks(*marks)
-        self._follow_up(f, sample, data)
+        on_clock = (
+            read_sent_ns,
+            stamps.arrival_on_clock(read_sent_ns, kernel_sent_ns, arrived_ns, now - sent_at, now_ns),
+        )
+        one_way = self._clocks(sent_ns, arrived_ns, hold_ns, data, on_clock, now - sent_at)
+        self._echoed(flow, index, reflected)  # after its clocks: the first echo's offset is told at once
+        if rtt is None:
+            # A hold beyond the round trip: no RTT and no one-way delay (both subtract it), though the
+            # echo came (no loss) and its clock stamps, which the hold is not in, gave their offset
+            # and say how far apart the clocks are.
+            self.sink.rejected("hold_beyond_rtt", answered=True)
+            if one_way is not None:
+                self.sink.clocks(one_way.peer_bound, one_way.clocks_apart)
+            return
+        self._read_marks(data, tos)
+        self._follow_up(f, _Sample(seq, now, rtt, one_way), data)
+
+    def _not_awaited(self, seq: int, reflected: int) -> None:
+        """An echo of a packet no longer in flight: a duplicate, or one that came after its timeout."""
+        state = self._recent.state(seq)
+        if state == ANSWERED:
+            self.sink.duplicate()
+        elif state == EXPIRED:
+            self.sink.late()
+            sent = self._recent.flow_index(seq)
+            if sent is not None:
+                self._echoed(*sent, reflected)
+
+    def _read_marks(self, echo: bytes, tos: int | None) -> None:
+        """The DSCP mark the echo reached the responder with (in it) and came back with (`tos`)."""
+        if len(echo) < wire.ECHO_MARK_OFFSET + wire.ECHO_MARK.size:
+            return
+        read, forward = wire.ECHO_MARK.unpack_from(echo, wire.ECHO_MARK_OFFSET)
+        if read:
+            marks = (self.settings.dscp, forward >> 2, None if tos is None else tos >> 2)
+            if marks != self._marks or marks[1] != marks[0] or marks[2] not in (None, marks[1]):
+                self._marks = marks  # the sink counts changed marks: told of each, and of any other news
+                self.sink.marks(*marks)
 
     def _follow_up(self, f: _Flow, sample: _Sample, echo: bytes) -> None:
         """The flow's held echo, less the stretch this echo's follow-up gives it (as it is without
@@ -190,14 +292,17 @@ class EchoProber:
             return
         previous, stretch = wire.ECHO_FOLLOW_UP.unpack_from(echo, wire.ECHO_FOLLOW_UP_OFFSET)  # + 1 each (0: none)
         if f.held is not None:
-            followed_up = stretch and f.held.seq == previous - 1
-            self._observe(f.held, (stretch - 1) / 1e9 if followed_up else 0.0)
+            seconds = (stretch - 1) / 1e9 if stretch and f.held.seq == previous - 1 else 0.0
+            if not 0 <= seconds < f.held.rtt:  # not a part of that round trip: the responder's error
+                self.sink.rejected("follow_up_out_of_bounds")
+                seconds = 0.0
+            self._observe(f.held, seconds)
         f.held = sample
 
     def _observe(self, sample: _Sample, stretch: float) -> None:
         """An echo's RTT and one-way delays to the sink, less its answer's `stretch` (seconds from
         the responder's clock read to its send, where a follow-up said it)."""
-        rtt = max(0.0, sample.rtt - stretch)
+        rtt = sample.rtt - stretch
         jitter = None
         if self._last_rtt is not None:
             jitter = self._jitter = self._jitter + (abs(rtt - self._last_rtt) - self._jitter) * JITTER_GAIN
@@ -214,14 +319,16 @@ class EchoProber:
                 self._observe(f.held, 0.0)
                 f.held = None
 
-    def _clocks(self, sent_ns: int, arrived_ns: int, hold_ns: int, echo: bytes, on_clock: tuple[int, int]
-                ) -> OneWay | None:  # fmt: skip
+    def _clocks(  # noqa: PLR0913, PLR0917 - an echo's stamps, each a figure of the exchange
+        self, sent_ns: int, arrived_ns: int, hold_ns: int, echo: bytes, on_clock: tuple[int, int], elapsed: float
+    ) -> OneWay | None:
         """From an echo's stamps, when its responder stamps (wire.py): the peer's clock offset (to
         the sink now), and each direction's delay (returned, with the peer's bound and how far apart
         the clocks are at least): out, to the request's arrival there (its answer's stamp less the
         hold, which starts at the kernel's arrival stamp); back, from the answer's stamp. This
         host's send and arrival stamps are the kernel's where the sockets give them; `on_clock`: the
-        send and the arrival on the clock this process reads, for the offset."""
+        send and the arrival on the clock this process reads, for the offset; `elapsed`: the monotonic
+        seconds from the send to the read. Stamps that no clock could have given are not taken."""
         if len(echo) < wire.ECHO_CLOCKS_OFFSET + wire.ECHO_CLOCKS.size:
             return None
         took_ns, answered_ns = wire.ECHO_CLOCKS.unpack_from(echo, wire.ECHO_CLOCKS_OFFSET)
@@ -232,25 +339,43 @@ class EchoProber:
         # the wait for the pacer's pass to read it is not in the exchange).
         sent_on_clock, back_on_clock = on_clock
         offset, delay = stamps.clock_offset(sent_on_clock, took_ns, answered_ns, back_on_clock)
-        best_delay, best_offset = self._offsets.add(delay, offset)
-        if best_offset != self._offset:
-            self._offset = best_offset
-            self.sink.clock_offset(best_offset)
+        if answered_ns < took_ns or abs(offset) >= PLAUSIBLE_OFFSET_SECONDS:
+            self.sink.rejected("clock_implausible")
+            return None
+        if not -DELAY_SLACK_SECONDS <= delay <= elapsed + DELAY_SLACK_SECONDS:
+            self.sink.rejected("delay_impossible")
+            return None
+        self._offsets.add(delay, offset)
+        estimate = self._offsets.estimate()
+        assert estimate is not None
         peer_bound = None
         if len(echo) >= wire.ECHO_BOUND_OFFSET + wire.ECHO_BOUND.size:
             (bound_ns,) = wire.ECHO_BOUND.unpack_from(echo, wire.ECHO_BOUND_OFFSET)
             peer_bound = bound_ns / 1e9 if bound_ns else None
-        # The offset's own error is at most half its exchange's delay: beyond that, the clocks are apart.
-        clocks_apart = max(0.0, abs(best_offset) - best_delay / 2)
+            if peer_bound is not None and peer_bound > PLAUSIBLE_BOUND_SECONDS:
+                self.sink.rejected("bound_implausible")
+                peer_bound = None
+        # The offset's own error is at most half its exchanges' delay: beyond that, the clocks are apart.
+        clocks_apart = max(0.0, abs(estimate[0]) - estimate[1] / 2)
         forward, reverse = (answered_ns - hold_ns - sent_ns) / 1e9, (arrived_ns - answered_ns) / 1e9
         return OneWay(forward, reverse, peer_bound, clocks_apart)
 
     def _echoed(self, flow: int, index: int, reflected: int) -> None:
         f = self._flows[flow]
         f.answered += 1
-        if reflected and index > f.newest:  # zero: a responder that does not count
-            f.newest, f.reflected = index, reflected
+        if reflected and index > f.newest and f.withheld is None:  # zero: a responder that does not count
+            if reflected > f.sent or reflected + COUNT_REORDER_SLACK < f.reflected:
+                # A count the responder cannot have (more than was sent on the flow), or one that fell
+                # (it started again, or is broken): its answers no longer split the flow's loss.
+                f.withheld = f.split(self._in_flight(flow, f.newest))
+                self.sink.rejected("count_beyond_sent" if reflected > f.sent else "count_not_monotonic")
+            else:
+                f.newest, f.reflected = index, reflected
         self._account()
+
+    def _in_flight(self, flow: int, below: int) -> int:
+        """The flow's packets still in flight among its first `below`."""
+        return sum(1 for _, f, n in self._outstanding.values() if f == flow and n < below)
 
     def _account(self, force: bool = False) -> None:
         """Lost packets by direction and the flows' health, to the sink (totals: the split
@@ -262,24 +387,20 @@ class EchoProber:
         self._accounted = now
         forward = reverse = 0
         for i, f in enumerate(self._flows):
-            if not f.newest:
-                continue
-            in_flight = sum(1 for _, flow, n in self._outstanding.values() if flow == i and n < f.newest)
-            forward += max(0, f.newest - f.reflected)
-            reverse += max(0, f.reflected - f.answered - in_flight)
+            there, back = f.split(self._in_flight(i, f.newest) if f.newest and f.withheld is None else 0)
+            forward, reverse = forward + there, reverse + back
         # Never backwards (a packet reordered past a later one can lower the estimate by one).
         self._by_direction = (max(forward, self._by_direction[0]), max(reverse, self._by_direction[1]))
         self.sink.lost_by_direction(*self._by_direction)
+        estimate = self._offsets.estimate()
+        if estimate is not None and estimate != self._offset:
+            self._offset = estimate
+            self.sink.clock_offset(estimate[0])
         self.sink.flows_failing(
             sum(f.health.failing() for f in self._flows), max(f.health.loss_ratio() for f in self._flows)
         )
 
     # --- sending and expiry
-    def _remember(self, table: OrderedDict[int, None], seq: int) -> None:
-        table[seq] = None
-        while len(table) > self._memory:
-            table.popitem(last=False)
-
     def _expire(self, now: float, everything: bool = False) -> None:
         # A held echo waits seconds for its follow-up: a look a second, not one at every send.
         if everything or now - self._held_checked >= ACCOUNT_EVERY_SECONDS:
@@ -292,7 +413,7 @@ class EchoProber:
                 break
             del self._outstanding[seq]
             self._sent_ns.pop(seq, None)
-            self._remember(self._expired, seq)
+            self._recent.mark(seq, EXPIRED)
             self._flows[flow].health.record(lost=True)
             self.sink.lost(now - sent_at)
             expired = True
@@ -305,8 +426,7 @@ class EchoProber:
         f = self._flows[flow]
         f.sent += 1
         self._outstanding[seq] = (now, flow, f.sent)
-        self._index[seq] = (flow, f.sent)
-        self._index.pop(seq - self._memory, None)
+        self._recent.sent(seq, flow, f.sent)
         return flow
 
     def _open(self) -> list[socket.socket] | None:

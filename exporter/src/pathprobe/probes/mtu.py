@@ -14,10 +14,11 @@ import asyncio
 import contextlib
 import socket
 import time
+from typing import Protocol
 
 from .. import stamps, wire
-from ..config import MtuSettings
-from .base import BACKOFF_SECONDS, MtuSink, Reason, Target, reason_of_oserror
+from ..probe_settings import MtuSettings
+from .base import BACKOFF_SECONDS, Reason, Target, reason_of_oserror
 
 # Linux values; the socket module does not name them.
 IP_MTU_DISCOVER, IPV6_MTU_DISCOVER, PMTUDISC_PROBE = 10, 23, 3
@@ -26,6 +27,12 @@ IPV4_UDP_HEADERS, IPV6_UDP_HEADERS = 28, 48
 
 def _payload(size: int, family: socket.AddressFamily) -> int:
     return size - (IPV6_UDP_HEADERS if family == socket.AF_INET6 else IPV4_UDP_HEADERS)
+
+
+class MtuSink(Protocol):
+    """Outcomes of the path MTU prober, one probe of one size at a time."""
+
+    def mtu(self, size: int, carried: bool, reason: Reason | None) -> None: ...
 
 
 class MtuProber:

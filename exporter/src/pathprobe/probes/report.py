@@ -6,9 +6,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..clock import one_way_untrusted
-from ..config import ClockSettings, default
+from ..config import ClockSettings
+from ..strict import default
 from ..units import format_seconds
-from .base import OneWay, Reason
+from .base import Reason, Rejection
+from .echo import OneWay
 
 # Why a run's one-way delays are withheld (clock.one_way_untrusted), for a reader.
 ONE_WAY_UNTRUSTED = {
@@ -69,6 +71,7 @@ class RttReport:
     lost_reverse: int = 0
     rtts: list[float] = field(default_factory=list)
     failures: dict[str, int] = field(default_factory=dict)
+    rejected: dict[str, int] = field(default_factory=dict)  # fields of answers not taken (base.REJECTIONS)
     # UDP: the echoes' one-way delays, and what judging them takes (clock.one_way_untrusted).
     forward: list[float] = field(default_factory=list)
     reverse: list[float] = field(default_factory=list)
@@ -115,6 +118,7 @@ class RttReport:
             "lost_reverse": self.lost_reverse,
             "rtt_seconds": asdict(summary) if summary else None,
             "failures": self.failures,
+            "rejected": self.rejected,
             "one_way": self.one_way(),
         }
 
@@ -132,8 +136,9 @@ class ReportSink:
     def sent(self, size: int) -> None:
         self.r.sent += 1
 
-    def received(self, rtt: float, age: float = 0.0, jitter: float | None = None,
-                 one_way: OneWay | None = None) -> None:  # fmt: skip
+    def received(
+        self, rtt: float, age: float = 0.0, jitter: float | None = None, one_way: OneWay | None = None
+    ) -> None:
         self.r.received += 1
         self.r.rtts.append(rtt)
         if jitter is not None:
@@ -169,6 +174,14 @@ class ReportSink:
 
     def lost_by_direction(self, forward: int, reverse: int) -> None:
         self.r.lost_forward, self.r.lost_reverse = forward, reverse
+
+    def clocks(self, peer_bound: float | None, clocks_apart: float) -> None:
+        self.r.peer_bound, self.r.clocks_apart = peer_bound, clocks_apart
+
+    def rejected(self, reason: Rejection, answered: bool = False) -> None:
+        self.r.rejected[reason] = self.r.rejected.get(reason, 0) + 1
+        if answered:  # an echo that came back: no loss, and no figure from it
+            self.r.received += 1
 
     def failure(self, reason: Reason) -> None:
         self.r.failures[reason] = self.r.failures.get(reason, 0) + 1

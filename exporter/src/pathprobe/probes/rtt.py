@@ -12,20 +12,47 @@ import contextlib
 import socket
 import time
 from collections.abc import Iterator
+from typing import Protocol
 
 from .. import stamps, wire
-from ..config import RttSettings
-from .base import (
-    BACKOFF_SECONDS,
-    PACE_SECONDS,
-    FlowHealth,
-    Pacer,
-    ProbeFailure,
-    RttSink,
-    Target,
-    reason_of_oserror,
-    sleep_until,
-)
+from ..probe_settings import RttSettings
+from .base import BACKOFF_SECONDS, ProbeFailure, Reason, Rejection, Target, reason_of_oserror
+from .flows import FlowHealth
+from .pacer import PACE_SECONDS, Pacer, sleep_until
+
+
+class RttSink(Protocol):
+    """Outcomes of the TCP request/response prober."""
+
+    # age: seconds since the answer came (a two-step responder's follow-up comes with the next one)
+    def rtt(self, seconds: float, age: float = 0.0) -> None: ...
+    def failure(self, reason: Reason) -> None: ...
+    def flows_failing(self, count: int) -> None: ...
+    # A field of an answer not taken (probes.base.REJECTIONS): no sample from it, or the sample without it.
+    def rejected(self, reason: Rejection) -> None: ...
+
+
+class RttTee:
+    """Hands every RTT outcome to several sinks (e.g. the RTT room and an RTT window)."""
+
+    def __init__(self, *sinks: RttSink):
+        self.sinks = sinks
+
+    def rtt(self, seconds: float, age: float = 0.0) -> None:
+        for s in self.sinks:
+            s.rtt(seconds, age)
+
+    def failure(self, reason: Reason) -> None:
+        for s in self.sinks:
+            s.failure(reason)
+
+    def flows_failing(self, count: int) -> None:
+        for s in self.sinks:
+            s.flows_failing(count)
+
+    def rejected(self, reason: Rejection) -> None:
+        for s in self.sinks:
+            s.rejected(reason)
 
 
 class RttProber:
@@ -40,12 +67,16 @@ class RttProber:
         self._follow_up_wait = settings.timeout_seconds + 2 * settings.flows * settings.interval_seconds
 
     def _release(self, flow: int, stretch: float = 0.0) -> None:
-        """The flow's held RTT to the sink, less `stretch` (seconds; its follow-up's)."""
+        """The flow's held RTT to the sink, less `stretch` (seconds; its follow-up's): a stretch that
+        is not a part of that round trip is the responder's error, not taken."""
         held = self._held[flow]
         if held is not None:
             self._held[flow] = None
             rtt, arrived = held
-            self.sink.rtt(max(0.0, rtt - stretch), time.perf_counter() - arrived)
+            if not 0 <= stretch < rtt:
+                self.sink.rejected("follow_up_out_of_bounds")
+                stretch = 0.0
+            self.sink.rtt(rtt - stretch, time.perf_counter() - arrived)
 
     def _release_overdue(self) -> None:
         now = time.perf_counter()
@@ -91,7 +122,12 @@ class RttProber:
                         conns[flow] = await self._connect()
                     conn = conns[flow]
                     assert conn is not None
-                    self._measured(flow, *await self._exchange(conn))
+                    rtt, follow_up = await self._exchange(conn)
+                    if rtt is None:  # answered, with a hold beyond the round trip: no sample
+                        self._release(flow)
+                        self.sink.rejected("hold_beyond_rtt")
+                    else:
+                        self._measured(flow, rtt, follow_up)
                     health[flow].record(lost=False)
                 except ProbeFailure as exc:
                     self._release(flow)  # its connection ends: nothing follows it up
@@ -153,11 +189,16 @@ class RttProber:
             raise
         if answer != b"Y":
             conn.close()
+            if answer != b"N":
+                raise ProbeFailure(
+                    "error", f"{t.address}:{t.port} is not a pathprobe rr responder (it answered {answer!r})"
+                )
             raise ProbeFailure("not_allowed", f"{t.address}:{t.port} refused this host")
         return conn
 
-    async def _exchange(self, conn: wire.Connection) -> tuple[float, int]:
-        """(the RTT, the answer's follow-up of the connection's previous one: wire.RR_FOLLOW_UP)."""
+    async def _exchange(self, conn: wire.Connection) -> tuple[float | None, int]:
+        """(the RTT, None where the responder's hold is not possible; the answer's follow-up of the
+        connection's previous one: wire.RR_FOLLOW_UP)."""
         size, timeout = self.settings.size_bytes, self.settings.timeout_seconds
         with self._failures("response"):
             sent_ns, start = time.time_ns(), time.perf_counter()
@@ -184,7 +225,7 @@ class RttProber:
             elapsed = time.perf_counter() - start
             sent_ns = stamps.sent_time(sent_ns, conn.sent_ns, arrived_ns)
             rtt = stamps.network_rtt(sent_ns, arrived_ns, elapsed, wire.HOLD.unpack_from(answer, size)[0])
-            if rtt > timeout:
+            if rtt is not None and rtt > timeout:
                 raise TimeoutError  # it came, after the timeout
         return rtt, wire.RR_FOLLOW_UP.unpack_from(answer)[0] if self._two_step else 0
 

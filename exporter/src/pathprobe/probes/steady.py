@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..config import SteadyStateSettings
+from ..probe_settings import SteadyStateSettings
 from ..sockdiag import SocketBytes
 
 # iperf3's interval line, as printed with -f k: "[SUM]   0.30-0.40   sec  5.62 MBytes  47185 Kbits/sec ..."
@@ -171,5 +171,8 @@ def delivered_intervals(samples: list[tuple[float, int]]) -> list[Interval]:
     if len(kept) < 2:
         return []
     t0 = kept[0][0]
-    return [Interval(ta - t0, tb - t0, (b - a) * 8 / (tb - ta)) for (ta, a), (tb, b) in itertools.pairwise(kept)
-            if tb > ta and b >= a]  # fmt: skip
+    return [
+        Interval(ta - t0, tb - t0, (b - a) * 8 / (tb - ta))
+        for (ta, a), (tb, b) in itertools.pairwise(kept)
+        if tb > ta and b >= a
+    ]

@@ -1,35 +1,19 @@
-"""Throughput prober: one iperf3 client test, its command line, and parsing of `-J`."""
+"""Throughput prober: one iperf3 client test (iperf3_test.py: its settings and result), its
+processes run (iperf3_run.py), parsing of `-J`, and both ends' figures."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
-import os
-import shutil
-import signal
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
+from dataclasses import asdict, replace
+from typing import Any, Protocol
 
-from .. import iperf3, procs, sockdiag
-from ..config import Iperf3Settings, ThroughputSettings, default
-from .base import ProbeFailure, Reason, Target, ThroughputSink
-from .steady import (
-    Detector,
-    Interval,
-    delivered_bytes,
-    delivered_intervals,
-    limited_shares,
-    parse_interval,
-    sender_rtt,
-    wire_bytes,
-)
-
-# iperf3's reporting interval for a steady-state test, and how often its delivered bytes are read.
-INTERVAL_SECONDS = SAMPLE_SECONDS = 0.1
+from .. import ends, iperf3
+from . import iperf3_run, peer_end
+from .base import ProbeFailure, Reason, Target
+from .iperf3_test import INTERVAL_SECONDS, ThroughputResult, ThroughputTest
 
 # Substrings of iperf3's "error" field, first match wins.
 _ERROR_REASONS: tuple[tuple[str, Reason], ...] = (
@@ -63,119 +47,6 @@ _ERROR_REASONS: tuple[tuple[str, Reason], ...] = (
 # time decides, not its interval count.
 _AT_START_ONLY: tuple[Reason, ...] = ("out_of_turn",)
 AT_START_SECONDS = 1.0
-# iperf3 -J of a 60 s test with 128 streams is a few MB; a child printing more is broken.
-MAX_OUTPUT_BYTES = 32 * 2**20
-MAX_STDERR_BYTES = 64 * 2**10
-
-
-@dataclass(frozen=True)
-class ThroughputTest:
-    """The settings of one iperf3 client test (the throughput prober's settings model)."""
-
-    protocol: str = "tcp"
-    streams: int = 1
-    direction: str = "send"  # send: this host -> peer; receive: peer -> this host (-R)
-    duration_seconds: float = default(ThroughputSettings, "duration_seconds")
-    omit_seconds: float = default(ThroughputSettings, "omit_seconds")
-    congestion: str | None = None
-    udp_bitrate: float = default(ThroughputSettings, "udp_bitrate")
-    window_bytes: int | None = None
-    connect_timeout_seconds: float = 3
-    # RSA authentication (client side).
-    username: str | None = None
-    password_file: Path | None = None
-    public_key_file: Path | None = None
-    legacy_rsa_padding: bool = False
-    # Stop a TCP test at its steady state (probes/steady.py); duration_seconds is then its most.
-    steady_state: Detector | None = None
-    rtt_hint_seconds: float | None = None  # the path's RTT, for the detector's window
-    binary: str = default(Iperf3Settings, "binary")
-    # Time a test may overrun duration + omit before it is killed (connecting included).
-    margin_seconds: float = 5.0
-    dscp: int = 0  # iperf3 --dscp: the mark of the test's packets (the data connections')
-
-    @property
-    def steady(self) -> Detector | None:
-        """The detector, for a test that stops at its steady state (TCP only)."""
-        return self.steady_state if self.protocol == "tcp" else None
-
-    def command(self, target: Target) -> list[str]:
-        # A steady-state test reads intervals live: text (-J prints only at the end), fixed units.
-        output = ["-i", f"{INTERVAL_SECONDS:g}", "--forceflush", "-f", "k"] if self.steady else ["-J"]
-        omit = 0 if self.steady else self.omit_seconds
-        cmd = [
-            self.binary, "-c", target.address, "-p", str(target.port), *output,
-            "-t", f"{self.duration_seconds:g}", "-O", f"{omit:g}",
-            "-P", str(self.streams),
-            "--connect-timeout", str(int(self.connect_timeout_seconds * 1000)),
-        ]  # fmt: skip
-        if target.source is not None:
-            cmd += ["-B", target.source]
-        if self.protocol == "udp":
-            # -b is per stream in iperf3; the configured rate is the total.
-            cmd += ["-u", "-b", f"{self.udp_bitrate / self.streams:.0f}"]
-        if self.direction == "receive":
-            cmd.append("-R")
-        if self.congestion and self.protocol == "tcp":
-            cmd += ["-C", self.congestion]
-        if self.window_bytes:
-            cmd += ["-w", str(self.window_bytes)]
-        if self.dscp:
-            cmd += ["--dscp", str(self.dscp)]
-        if self.username and self.public_key_file:
-            cmd += ["--username", self.username, "--rsa-public-key-path", str(self.public_key_file),
-                    *iperf3.client_options(self.binary, self.legacy_rsa_padding)]  # fmt: skip
-        return cmd
-
-    def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        if self.password_file:
-            env["IPERF3_PASSWORD"] = self.password_file.read_text().strip()
-        return env
-
-    def max_seconds(self) -> float:
-        """The longest a test may take before it is killed (connecting included in the margin)."""
-        return (0 if self.steady else self.omit_seconds) + self.duration_seconds + self.margin_seconds
-
-
-@dataclass
-class ThroughputResult:
-    # Settings the result was measured with: two numbers are never compared blind.
-    protocol: str
-    streams: int
-    direction: str
-    duration_seconds: float
-    omit_seconds: float
-    congestion: str | None
-    target_bits_per_second: float | None
-    # Measurements.
-    receiver_bytes_per_second: float
-    sender_bytes_per_second: float
-    bytes_transferred: int
-    retransmits: int | None = None
-    udp_packets: int | None = None
-    udp_lost: int | None = None
-    udp_loss_ratio: float | None = None
-    jitter_seconds: float | None = None
-    timestamp: float = 0.0
-    iperf3_version: str = ""
-    # A steady-state test: whether it converged (False: it ran to duration_seconds), and how
-    # long it ran (duration_seconds is then the time it took); None for a fixed-length test.
-    converged: bool | None = None
-    # A steady-state send test read through the sockets: the shares of its sending time with the
-    # receiver's window full and with the send buffer full (steady.limited_shares); None otherwise.
-    receive_window_limited_ratio: float | None = None
-    send_buffer_limited_ratio: float | None = None
-    # A TCP test: the mean over the test of its sending streams' smoothed RTT (the sender's kernel),
-    # where reported: from the sockets (steady.sender_rtt) or iperf3's report (a fixed-length test).
-    sender_rtt_seconds: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def moved_bytes(self) -> int:
-        """Bytes the test put on the wire: iperf3 leaves the omitted seconds out of its count."""
-        return int(self.bytes_transferred * (self.duration_seconds + self.omit_seconds) / self.duration_seconds)
 
 
 def classify_error(message: str, ran_seconds: float = 0.0) -> Reason:
@@ -203,10 +74,29 @@ def parse(output: str | bytes, test: ThroughputTest, now: float | None = None) -
         result = _result(doc, test, now)
     except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
         raise ProbeFailure("error", f"iperf3 JSON lacks an expected field or has a bad value: {exc!r}") from exc
-    rates = (result.receiver_bytes_per_second, result.sender_bytes_per_second)
-    if not all(math.isfinite(r) and r >= 0 for r in rates):
-        raise ProbeFailure("error", f"iperf3 reported an impossible rate: {rates}")
+    problem = _impossible(result)
+    if problem:
+        raise ProbeFailure("error", f"iperf3 reported {problem}")
     return result
+
+
+def _impossible(r: ThroughputResult) -> str:
+    """What of an iperf3 report no test can have measured ("" when nothing): rates, counts and
+    times that are negative or not finite, more datagrams lost than sent."""
+    figures = {
+        "rates": (r.receiver_bytes_per_second, r.sender_bytes_per_second),
+        "bytes": (r.bytes_transferred,),
+        "retransmits": (r.retransmits,),
+        "datagrams": (r.udp_packets, r.udp_lost),
+        "jitter": (r.jitter_seconds,),
+        "RTT": (r.sender_rtt_seconds,),
+    }
+    for what, values in figures.items():
+        if not all(v is None or (math.isfinite(v) and v >= 0) for v in values):
+            return f"impossible {what}: {values}"
+    if r.udp_lost is not None and r.udp_packets is not None and r.udp_lost > r.udp_packets:
+        return f"more datagrams lost ({r.udp_lost}) than sent ({r.udp_packets})"
+    return ""
 
 
 def _ran_seconds(intervals: Any) -> float:
@@ -216,6 +106,31 @@ def _ran_seconds(intervals: Any) -> float:
         return float(intervals[-1]["sum"]["end"]) if intervals else 0.0
     except (LookupError, TypeError, ValueError):
         return AT_START_SECONDS  # an interval of unknown length: the test had started
+
+
+# The fields of an iperf3 -J interval's stream (and sum) kept in the evidence, in iperf3's units.
+INTERVAL_FIELDS = (
+    "socket", "start", "end", "bytes", "bits_per_second", "retransmits", "snd_cwnd", "snd_wnd", "rtt", "rttvar",
+    "pmtu", "packets", "lost_packets", "jitter_ms", "omitted",
+)  # fmt: skip
+
+
+def _intervals(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """iperf3 -J's intervals, each its sum and its streams' figures (INTERVAL_FIELDS)."""
+
+    def kept(figures: dict[str, Any]) -> dict[str, Any]:
+        return {k: figures[k] for k in INTERVAL_FIELDS if k in figures}
+
+    return [
+        {**kept(i.get("sum", {})), "streams": [kept(s) for s in i.get("streams", [])]}
+        for i in doc.get("intervals") or []
+        if isinstance(i, dict)
+    ]
+
+
+def _cpu(end: dict[str, Any]) -> dict[str, float] | None:
+    cpu = end.get("cpu_utilization_percent")
+    return {str(k): float(v) for k, v in cpu.items()} if isinstance(cpu, dict) else None
 
 
 def _stream_rtt(end: dict[str, Any]) -> float | None:
@@ -240,6 +155,8 @@ def _result(doc: dict[str, Any], test: ThroughputTest, now: float | None) -> Thr
         "bytes_transferred": int(sent["bytes"]),
         "timestamp": now if now is not None else time.time(),
         "iperf3_version": str(start.get("version", "")),
+        "intervals": _intervals(doc),
+        "iperf3_cpu_percent": _cpu(end),
     }
     if test.protocol == "udp":
         # iperf3 >= 3.7 has the receiver's view in sum_received; older ones only in sum.
@@ -262,17 +179,11 @@ def _result(doc: dict[str, Any], test: ThroughputTest, now: float | None) -> Thr
     )
 
 
-async def _read_bounded(stream: asyncio.StreamReader | None, limit: int, what: str) -> bytes:
-    """All of a pipe, or ProbeFailure once it passes `limit` bytes (the pipe is never left unread)."""
-    assert stream is not None
-    chunks: list[bytes] = []
-    size = 0
-    while chunk := await stream.read(65536):
-        size += len(chunk)
-        if size > limit:
-            raise ProbeFailure("error", f"iperf3 printed more than {limit} bytes on {what}")
-        chunks.append(chunk)
-    return b"".join(chunks)
+class ThroughputSink(Protocol):
+    """The outcome of one throughput test."""
+
+    def result(self, result: ThroughputResult) -> None: ...
+    def failure(self, reason: Reason, detail: str) -> None: ...
 
 
 class ThroughputProber:
@@ -295,181 +206,113 @@ class ThroughputProber:
         return result
 
     async def measure(self) -> ThroughputResult:
-        """Run the test; its whole process group is killed on timeout or cancellation."""
+        """Run the test; every process group of it is killed on timeout or cancellation."""
         test = self.test
-        try:
-            proc = await procs.start(
-                test.command(self.target),
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                stdin=asyncio.subprocess.DEVNULL,
-                env=test.env(),
-            )
-        except OSError as exc:  # missing, not executable, or not a program
-            raise ProbeFailure("error", f"cannot run iperf3 {test.binary!r}: {exc.strerror or exc}") from exc
-        limit = test.max_seconds()
-        watch = _SteadyState(self.target, test, proc) if test.steady else None
-        sampler = asyncio.ensure_future(watch.sample()) if watch else None
-        reads = [
-            asyncio.ensure_future(
-                watch.read(proc.stdout) if watch else _read_bounded(proc.stdout, MAX_OUTPUT_BYTES, "stdout")
-            ),
-            asyncio.ensure_future(_read_bounded(proc.stderr, MAX_STDERR_BYTES, "stderr")),
-        ]
-        try:
-            async with asyncio.timeout(limit):
-                out, err = await asyncio.gather(*reads)
-                await proc.wait()
-        except BaseException as exc:
-            for r in reads:
-                r.cancel()
-            await asyncio.wait(reads)  # the pipes are read to their end below, by one reader
-            await procs.stop_group(proc, first=signal.SIGKILL)
-            if isinstance(exc, TimeoutError):
-                raise ProbeFailure("timeout", f"iperf3 did not finish within {limit:g} s") from exc
-            raise
-        finally:
-            if sampler is not None:
-                sampler.cancel()
-                await asyncio.gather(sampler, return_exceptions=True)
-        if watch is not None:
-            return watch.result(out, err)
-        if not out.strip():
-            raise ProbeFailure(
-                "error", f"iperf3 exited {proc.returncode} with no output: {err.decode(errors='replace')[:200]}"
-            )
-        return parse(out, test)
-
-
-async def _ss_sockets(target: Target) -> list[sockdiag.SocketBytes] | None:
-    """The sockets to the peer's iperf3 port as `ss -tin` shows them; None without `ss`."""
-    ss = shutil.which("ss")
-    if ss is None:
-        return None
-    peer = f"[{target.address}]" if ":" in target.address else target.address
-    proc = await asyncio.create_subprocess_exec(ss, "-tinH", "state", "established", "dst", peer, "dport",
-                                                f"= :{target.port}", stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
-    try:
-        out, _ = await proc.communicate()
-    except asyncio.CancelledError:  # the test ended: no ss left behind
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-        raise
-    return sockdiag.parse_ss(out.decode(errors="replace"))
-
-
-class _SteadyState:
-    """A steady-state test as it runs: the bytes its sockets delivered, read every 0.1 s, and
-    iperf3's intervals, read line by line; SIGINT to iperf3 (which ends the test at once) when
-    the detector says the rate has settled. The detector reads the delivered bytes, or
-    iperf3's intervals where no socket shows them (probes/steady.py)."""
-
-    def __init__(self, target: Target, test: ThroughputTest, proc: asyncio.subprocess.Process):
-        assert test.steady is not None
-        self.target, self.test, self.proc, self.detector = target, test, proc, test.steady
-        self.intervals: list[Interval] = []  # iperf3's
-        self.samples: list[tuple[float, int]] = []  # (seconds, bytes delivered so far)
-        self.wire = 0  # bytes on the wire so far (the last sample's)
-        self.limited: tuple[float, float] | None = None  # the last sample's limited_shares (send tests)
-        self.rtts: list[float] = []  # each sample's sender_rtt (send tests)
-        self.rate: float | None = None  # bits/s, once converged
-
-    def delivered(self) -> list[Interval]:
-        return delivered_intervals(self.samples)
-
-    def _check(self, intervals: list[Interval]) -> None:
-        if self.rate is None:
-            self.rate = self.detector.rate(intervals, self.test.rtt_hint_seconds)
-            if self.rate is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    self.proc.send_signal(signal.SIGINT)  # iperf3 stops the test and exits
-
-    async def sample(self) -> None:
-        """Until cancelled: the bytes the test's sockets delivered (the connections to the peer's
-        iperf3 port), every SAMPLE_SECONDS: from the kernel's sock_diag in-process, or from
-        `ss -tin` where netlink is refused."""
+        run = iperf3_run.Run(await self._parts())
+        began = time.time()
+        pids = await run.start()
         started = time.monotonic()
-        netlink = True
-        while True:
-            at = time.monotonic()
-            sockets = None
-            if netlink:
-                try:
-                    sockets = sockdiag.tcp_sockets(self.target.address, self.target.port)
-                except OSError:
-                    netlink = False
-            if sockets is None:
-                sockets = await _ss_sockets(self.target)
-                if sockets is None:
-                    return  # no `ss` either: iperf3's intervals decide
-            self.samples.append((at - started, delivered_bytes(sockets, self.test.direction)))
-            self.wire = max(self.wire, wire_bytes(sockets, self.test.direction))
-            if self.test.direction == "send":  # this host's sockets send: their own chronographs
-                self.limited = limited_shares(sockets) or self.limited
-                rtt = sender_rtt(sockets)
-                if rtt is not None:
-                    self.rtts.append(rtt)
-            delivered = self.delivered()
-            if delivered:
-                self._check(delivered)
-            await asyncio.sleep(max(0.0, SAMPLE_SECONDS - (time.monotonic() - at)))
+        own_end = ends.EndWatch(test.streams, version=None)  # read once the test has ended: a bad binary fails first
+        own_end.start(pids)
+        own_sampler = asyncio.ensure_future(own_end.sample_until_cancelled())
+        try:
+            outputs = await run.finish()
+        finally:
+            own_sampler.cancel()
+            await asyncio.gather(own_sampler, return_exceptions=True)
+        finished = time.time()
+        own_end.stop()
+        if run.steady is not None:
+            result = _steady_result(run.steady, outputs)
+        else:
+            result = iperf3_run.combine([_parsed(o, part.test) for o, part in zip(outputs, run.parts, strict=True)])
+        result = replace(result, started_timestamp=began, timestamp=finished)
+        own_end.version = await asyncio.to_thread(iperf3.version_text, test.binary)
+        return await self._with_ends(result, own_end.figures(), time.monotonic() - started)
 
-    async def read(self, stream: asyncio.StreamReader | None) -> bytes:
-        """All of stdout (bounded), watching the intervals go by."""
-        assert stream is not None
-        lines: list[bytes] = []
-        size = 0
-        while True:
-            try:
-                line = await stream.readline()
-            except ValueError as exc:  # a line over the reader's 64 KiB: not iperf3's
-                raise ProbeFailure("error", f"iperf3 printed a line too long to be its own: {exc}") from exc
-            if not line:
-                break
-            size += len(line)
-            if size > MAX_OUTPUT_BYTES:
-                raise ProbeFailure("error", f"iperf3 printed more than {MAX_OUTPUT_BYTES} bytes on stdout")
-            lines.append(line)
-            interval = parse_interval(line.decode(errors="replace"), self.test.streams)
-            if interval is None:
-                continue
-            self.intervals.append(interval)  # after convergence too: what the test moved until it stopped
-            if not self.delivered():  # no socket shows its delivered bytes: iperf3's intervals decide
-                self._check(self.intervals)
-        return b"".join(lines)
+    async def _parts(self) -> list[iperf3_run.Part]:
+        """The test's processes: one, or one per server of the peer's (at most test.processes) where
+        either end's iperf3 runs every stream of a process on one thread (before 3.16), as the
+        peer's responder reports its iperf3 (an older responder reports none: one process)."""
+        test, one = self.test, [iperf3_run.Part(self.target, self.test)]
+        if test.processes <= 1 or test.streams <= 1 or test.report_port is None:
+            return one
+        peer = await peer_end.report(self._report_target(), test_seconds=0, wait=0)
+        own = await asyncio.to_thread(iperf3.version_text, test.binary)
+        ports = list(peer.ports[: test.processes])
+        if (
+            not ports
+            or ports[0] != self.target.port
+            or (ends.threads_per_stream(own) and ends.threads_per_stream(peer.version))
+        ):
+            return one
+        return iperf3_run.split(self.target, test, ports)
 
-    def result(self, out: bytes, err: bytes) -> ThroughputResult:
-        """The converged result; or, for a test that ran to its maximum, the rate of its last
-        windows with converged=False; ProbeFailure for one that stopped before either."""
-        test, intervals = self.test, self.intervals
-        converged = self.rate is not None
-        ran = intervals[-1].end if intervals else 0.0
-        if not converged and ran < test.duration_seconds - INTERVAL_SECONDS:
-            message = (err or out).decode(errors="replace").strip().splitlines()
-            detail = message[-1][:200] if message else f"exit {self.proc.returncode}"
-            reason = classify_error(detail, ran)
-            raise ProbeFailure(reason, f"iperf3 stopped after {ran:g} of {test.duration_seconds:g} s "
-                                       f"without a steady rate: {detail}")  # fmt: skip
-        delivered = self.delivered()
-        final = delivered or intervals
-        rate = self.rate if converged else self.detector.rate(final, test.rtt_hint_seconds, final=True)
-        if rate is None or not math.isfinite(rate):
-            raise ProbeFailure("error", "iperf3's intervals give no rate")
-        # What went on the wire, from the sockets (iperf3's intervals count what it wrote into its
-        # socket buffers, several seconds' worth at the start of a test with large buffers).
-        sent = self.wire or int(sum(i.bits_per_second * i.seconds for i in intervals) / 8)
-        retransmits = [i.retransmits for i in intervals if i.retransmits is not None]
-        return ThroughputResult(
-            protocol=test.protocol, streams=test.streams, direction=test.direction,
-            duration_seconds=ran, omit_seconds=0, congestion=test.congestion, target_bits_per_second=None,
-            # What the peer acknowledged ("send") or this host received (-R): the receiver's side
-            # (iperf3's own intervals where no socket showed it; at a steady rate the same).
-            receiver_bytes_per_second=rate / 8, sender_bytes_per_second=rate / 8,
-            bytes_transferred=sent, retransmits=sum(retransmits) if retransmits else None,
-            timestamp=time.time(), iperf3_version="", converged=converged,
-            receive_window_limited_ratio=self.limited[0] if self.limited else None,
-            send_buffer_limited_ratio=self.limited[1] if self.limited else None,
-            sender_rtt_seconds=sum(self.rtts) / len(self.rtts) if self.rtts else None,
-        )  # fmt: skip
+    def _report_target(self) -> Target:
+        assert self.test.report_port is not None
+        return Target(self.target.address, self.test.report_port, self.target.source)
+
+    async def _with_ends(self, result: ThroughputResult, own: ends.EndFigures, seconds: float) -> ThroughputResult:
+        """The result with both ends' figures (this host's, and the peer's as its responder reports
+        them) and what of them bound it."""
+        test = self.test
+        reported = peer_end.PeerEnd()
+        if test.report_port is not None:
+            reported = await peer_end.report(self._report_target(), seconds)
+        sender, receiver = (own, reported.end) if test.direction == "send" else (reported.end, own)
+        bound = ends.judge(test.protocol, sender, receiver, result.udp_lost)
+        return replace(
+            result,
+            sender_end=sender,
+            receiver_end=receiver,
+            bound=bound.limit,
+            remedy=bound.remedy,
+            peer_report_rejected=reported.rejected,
+        )
+
+
+def _parsed(output: iperf3_run.Output, test: ThroughputTest) -> ThroughputResult:
+    """A fixed-length test's process's result (iperf3 -J)."""
+    if not output.out.strip():
+        raise ProbeFailure(
+            "error", f"iperf3 exited {output.returncode} with no output: {output.err.decode(errors='replace')[:200]}"
+        )
+    return parse(output.out, test)
+
+
+def _steady_result(watch: iperf3_run.SteadyState, outputs: list[iperf3_run.Output]) -> ThroughputResult:
+    """The converged result; or, for a test that ran to its maximum, the rate of its last windows
+    with converged=False; ProbeFailure for one that stopped before either."""
+    test, intervals = watch.test, watch.summed()
+    ran = intervals[-1].end if intervals else 0.0
+    if watch.rate is None and ran < test.duration_seconds - INTERVAL_SECONDS:
+        said = [o for o in outputs if (o.err or o.out).strip()]
+        message = (said[0].err or said[0].out).decode(errors="replace").strip().splitlines() if said else []
+        detail = message[-1][:200] if message else f"exit {outputs[0].returncode}"
+        reason = classify_error(detail, ran)
+        raise ProbeFailure(
+            reason, f"iperf3 stopped after {ran:g} of {test.duration_seconds:g} s without a steady rate: {detail}"
+        )
+    rate, converged = watch.rate_of(ran)
+    return ThroughputResult(
+        protocol=test.protocol,
+        streams=sum(part.test.streams for part in watch.parts),
+        direction=test.direction,
+        duration_seconds=ran,
+        omit_seconds=0,
+        congestion=test.congestion,
+        target_bits_per_second=None,
+        # What the peer acknowledged ("send") or this host received (-R): the receiver's side
+        # (iperf3's own intervals where no socket showed it; at a steady rate the same).
+        receiver_bytes_per_second=rate / 8,
+        sender_bytes_per_second=rate / 8,
+        bytes_transferred=watch.sent_bytes(),
+        retransmits=watch.retransmits(),
+        timestamp=time.time(),
+        iperf3_version="",
+        converged=converged,
+        receive_window_limited_ratio=watch.limited[0] if watch.limited else None,
+        send_buffer_limited_ratio=watch.limited[1] if watch.limited else None,
+        sender_rtt_seconds=sum(watch.rtts) / len(watch.rtts) if watch.rtts else None,
+        intervals=[asdict(i) for i in intervals],
+    )

@@ -28,8 +28,13 @@ Flow = tuple[str, int]
 
 
 class EchoResponder:
-    def __init__(self, allow: AllowList, max_pps_per_source: float, count: Callable[..., None],
-                 bound: Callable[[], float | None] = lambda: None):  # fmt: skip
+    def __init__(
+        self,
+        allow: AllowList,
+        max_pps_per_source: float,
+        count: Callable[..., None],
+        bound: Callable[[], float | None] = lambda: None,
+    ):
         """`count(result, n=1)`: outcomes of datagrams, including those the kernel dropped
         because the socket's queue was full (SO_RXQ_OVFL): the responder was overloaded, which
         the prober would otherwise read as path loss. `bound()`: this host's clock error bound
@@ -48,8 +53,9 @@ class EchoResponder:
         self._awaited: stamps.AwaitedStamps[tuple[Flow, int, int]] = stamps.AwaitedStamps(STAMPS_AWAITED)
         self._follow_ups: dict[Flow, tuple[int, int]] = {}  # flow -> (seq, stretch in ns)
 
-    def datagram_received(self, data: bytes, addr: tuple[str, int], arrived_ns: int | None = None,
-                          tos: int | None = None) -> None:  # fmt: skip
+    def datagram_received(
+        self, data: bytes, addr: tuple[str, int], arrived_ns: int | None = None, tos: int | None = None
+    ) -> None:
         took_ns = time.time_ns()
         if data[:4] != wire.ECHO_MAGIC or len(data) < wire.ECHO_HEADER.size:
             self.count("malformed")
@@ -88,14 +94,20 @@ class EchoResponder:
         # p99 on a quiet host, 120 us at p99 under the lab's load: bench/responder_stretch.py) is
         # not in the hold: this flow's next answer follows this one up with it, from the stamp.
         answered_ns = time.time_ns()
-        wire.ECHO_REFLECTED.pack_into(answer, wire.ECHO_HOLD_OFFSET, max(0, answered_ns - (arrived_ns or answered_ns)),
-                                      received)  # fmt: skip
+        wire.ECHO_REFLECTED.pack_into(
+            answer, wire.ECHO_HOLD_OFFSET, max(0, answered_ns - (arrived_ns or answered_ns)), received
+        )
         if size >= wire.ECHO_CLOCKS_OFFSET + wire.ECHO_CLOCKS.size:
             wire.ECHO_CLOCKS.pack_into(answer, wire.ECHO_CLOCKS_OFFSET, took_ns, answered_ns)
         self.sendto(answer, addr, ancillary, (flow, seq, answered_ns) if follows_up else None)
 
-    def sendto(self, data: bytes | bytearray, addr: Flow, ancillary: list[tuple[int, int, bytes]] | None = None,
-               answer: tuple[Flow, int, int] | None = None) -> None:  # fmt: skip
+    def sendto(
+        self,
+        data: bytes | bytearray,
+        addr: Flow,
+        ancillary: list[tuple[int, int, bytes]] | None = None,
+        answer: tuple[Flow, int, int] | None = None,
+    ) -> None:
         """Reply from the address the request was sent to (IP_PKTINFO): a host with several
         addresses (or a responder bound to 0.0.0.0) would otherwise answer from another one,
         and the prober's connected socket would drop the answer. `ancillary`: more, e.g. its TOS.

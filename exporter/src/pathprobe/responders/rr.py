@@ -1,13 +1,15 @@
-"""TCP request/response responder: answers rr probes (wire.py) from allowed sources only."""
+"""TCP request/response responder: answers rr probes (wire.py) from allowed sources only, and
+their requests for the report of the last throughput test they ran against this host's iperf3."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from .. import wire
@@ -20,13 +22,26 @@ HELLO_TIMEOUT = 5.0
 IDLE_TIMEOUT = 120.0
 # A peer that stops reading answers is dropped once an answer cannot be sent in this time.
 WRITE_TIMEOUT = 10.0
+# The longest a report request may wait for the client's test on this host's server to end.
+REPORT_WAIT_MOST = 10.0
+
+# A source's report of its last test here (responders.iperf3.ServedTests.report), waiting at most
+# the seconds given for a test of its that still runs.
+Report = Callable[[str, float], Awaitable[dict[str, Any]]]
 
 
 class RrResponder:
-    def __init__(self, allow: AllowList, max_connections_per_source: int, count: Callable[[str], None]):
+    def __init__(
+        self,
+        allow: AllowList,
+        max_connections_per_source: int,
+        count: Callable[[str], None],
+        report: Report | None = None,
+    ):
         self.allow = allow
         self.max_per_source = max_connections_per_source
-        self.count = count  # called with accepted / not_allowed / revoked / rate_limited / malformed
+        self.count = count  # called with accepted / report / not_allowed / revoked / rate_limited / malformed
+        self.report = report
         self._open: Counter[str] = Counter()
 
     async def start(self, host: str, port: int) -> RrServer:
@@ -74,6 +89,9 @@ class RrResponder:
         async with asyncio.timeout(HELLO_TIMEOUT):
             hello, _ = await conn.read(wire.RR_HELLO.size)
         magic, version, size = wire.RR_HELLO.unpack(hello)
+        if magic == wire.REPORT_MAGIC and version == wire.REPORT_VERSION and self.report is not None:
+            await self._report(conn, source, min(size / 1000, REPORT_WAIT_MOST))
+            return
         if magic != wire.RR_MAGIC or version != wire.RR_VERSION or not 1 <= size <= wire.RR_MAX_SIZE:
             self.count("malformed")
             await _write(conn, b"N")
@@ -100,6 +118,12 @@ class RrResponder:
             answered_ns = time.time_ns()
             wire.HOLD.pack_into(answer, size, max(0, answered_ns - arrived_ns))
             await _write(conn, answer)
+
+    async def _report(self, conn: wire.Connection, source: str, wait: float) -> None:
+        assert self.report is not None
+        self.count("report")
+        body = json.dumps(await self.report(source, wait), separators=(",", ":")).encode()
+        await _write(conn, b"Y" + wire.REPORT_LENGTH.pack(len(body)) + body)
 
 
 async def _write(conn: wire.Connection, data: bytes | bytearray) -> None:
