@@ -1507,9 +1507,20 @@
                 "uid": "${datasource}",
               },
             },
+            {
+              "expr": "pathprobe_throughput_end_steal_ratio{" + c.selector + ", job=~\"$job\", instance=~\"$instance\", region=~\"$region\", host=~\"$host\", peer=~\"$peer\", peer_region=~\"$peer_region\"}",
+              "refId": "C",
+              "instant": false,
+              "range": true,
+              "legendFormat": "steal {{end}} {{host}} -> {{peer}} x{{streams}} {{direction}}",
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}",
+              },
+            },
           ],
           "title": "The test's own ends",
-          "description": "Each end of the last test (sender, receiver): the share of its busiest second that its busiest iperf3 thread was on a CPU or waiting for one (schedstat), and that its host's busiest core spent in softirq. At 90% the end bound the test, not the path: the throughput alerts leave such a test out and PathprobeThroughputTestHostBound names the host. No line for an end that reported nothing (an older peer).",
+          "description": "Each end of the last test (sender, receiver): the share of its busiest second that its busiest iperf3 thread was on a CPU or waiting for one (schedstat), and that its host's busiest core spent in softirq, and the share of its host's CPU time its hypervisor took (steal). At 90% (steal: 10%) the end bound the test, not the path: the throughput alerts leave such a test out and PathprobeThroughputTestHostBound names the host. No line for an end that reported nothing (an older peer).",
           "transparent": false,
           "datasource": {
             "type": "prometheus",

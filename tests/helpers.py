@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from pathprobe import ends, kernel
 from pathprobe.config import Peer
 from pathprobe.limits import Expected, expected, window_share
 from pathprobe_lab.configs import exporter_config
@@ -185,6 +186,10 @@ def iperf3(topo: Topology, src: str, dst: str, streams: int, seconds: int, omit:
         server.wait(timeout=30)
 
 
+# The most tests measure_and_predict runs for its two.
+MAX_TESTS = 4
+
+
 def measure_and_predict(topo: Topology, src: str, dst: str, streams: int, workdir: Path) -> tuple[float, Expected]:
     """What iperf3 measures on a lab path once burst credits are spent (2 s left out: the 64 MiB
     are spent within them), and the floor the exporter's model expects for it: the same
@@ -192,10 +197,18 @@ def measure_and_predict(topo: Topology, src: str, dst: str, streams: int, workdi
     saw and both ends' buffers."""
     # The better of two tests: what the path carries, not what the two cores left over for the
     # Python delay line at that moment (one test in three read up to 11% low on a busy machine).
-    result = max(
-        (iperf3(topo, src, dst, streams, 4, 2) for _ in range(2)),
-        key=lambda r: float(r["end"]["sum_received"]["bits_per_second"]),
-    )
+    # A test while this VM's hypervisor took a tenth of its CPU measured the VM (the exporter judges
+    # its own tests so, ends.STEAL_BOUND): it is not one of the two, up to MAX_TESTS in all.
+    clean: list[dict[str, Any]] = []
+    steal: list[float] = []
+    while len(clean) < 2 and len(steal) < MAX_TESTS:
+        before = kernel.cpu_ticks()
+        test = iperf3(topo, src, dst, streams, 4, 2)
+        steal.append(ends.steal_share(before, kernel.cpu_ticks()) or 0.0)
+        if steal[-1] < ends.STEAL_BOUND:
+            clean.append(test)
+    assert clean, f"every test's VM had a tenth of its CPU taken by its hypervisor: steal {steal}"
+    result = max(clean, key=lambda r: float(r["end"]["sum_received"]["bits_per_second"]))
     measured = float(result["end"]["sum_received"]["bits_per_second"])
     # A window-bound flow moves a window per round trip, so its rate is the window over the mean RTT
     # per round. iperf3's mean_rtt averages snapshots taken in time, which weight a long round by its

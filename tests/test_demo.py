@@ -88,8 +88,15 @@ def check_dashboard_queries() -> None:
                 assert any(found), f"{name}/{panel['title']}: no data from the lab"
 
 
+# Every alert but one: a test whose VM's hypervisor took a tenth of its CPU measured the VM, and the
+# host-bound warning naming it (remedy "steal") is the culprit named, the one thing the lab's VM may
+# not give it. Every other alert, and so every path and culprit alert, is a failure.
+STOLEN = 'ALERTS{alertstate="firing", alertname="PathprobeThroughputTestHostBound", remedy="steal"}'
+FIRING = f'ALERTS{{alertstate="firing"}} unless {STOLEN}'
+
+
 def firing_alerts() -> list[dict[str, str]]:
-    return [s["metric"] for s in query('ALERTS{alertstate="firing"}')]
+    return [s["metric"] for s in query(FIRING)]
 
 
 def stays_silent(started: float) -> list[tuple[float, list[int]]]:
@@ -141,11 +148,13 @@ def test_the_default_demo_fills_prometheus_for_every_path_stays_silent_then_clea
         assert {t["labels"]["host"] for t in targets} == set(hosts)
         assert all(t["health"] == "up" and t["labels"]["region"] for t in targets)
         check_dashboard_queries()
-        # Healthy is silent: nothing impaired, no alert of any severity fires in the window (the lab's
-        # rule windows are minutes long: see lab_alert_params), polled and from Prometheus's own record.
+        # Healthy is silent: nothing impaired, no alert of any severity fires in the window but STOLEN (the
+        # lab's rule windows are minutes long: see lab_alert_params), polled and from Prometheus's own record.
         polls = stays_silent(started)
-        fired = query(f'max_over_time(ALERTS{{alertstate="firing"}}[{SILENT_SECONDS + 60}s])')
+        window = f"[{SILENT_SECONDS + 60}s]"
+        fired = query(f'max_over_time(ALERTS{{alertstate="firing"}}{window}) unless max_over_time({STOLEN}{window})')
         assert not fired, ([s["metric"] for s in fired], steal_per_poll(polls))
+        stolen = [(s["metric"]["host"], s["metric"]["peer"]) for s in query(f"max_over_time({STOLEN}{window})")]
         # Every test of every path reaches its floor (the instance baseline, the per-flow or inter-region
         # cap, or the TCP window at the path's RTT) at its best in the window, under the demo's own load.
         best = {
@@ -156,7 +165,7 @@ def test_the_default_demo_fills_prometheus_for_every_path_stays_silent_then_clea
             print(
                 f"\ndemo: silent for {SILENT_SECONDS} s; best ratio to the floor per test: lowest "
                 f"{min(best.values()):.3f} ({min(best, key=best.__getitem__)}), of {len(best)} tests; "
-                f"{throughput_alerts_margin()}"
+                f"{throughput_alerts_margin()}; tests whose VM's hypervisor took their CPU: {stolen or 'none'}"
             )
         assert len(best) == 2 * len(paths) and min(best.values()) >= BEST_RATIO, best
         cpu_share = cpu_shares(cpu_before, cpu_times())

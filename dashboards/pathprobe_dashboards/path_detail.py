@@ -111,9 +111,10 @@ def build(p: Params) -> Dashboard:
                 "The test's own ends",
                 "Each end of the last test (sender, receiver): the share of its busiest second that its busiest "
                 "iperf3 thread was on a CPU or waiting for one (schedstat), and that its host's busiest core spent in "
-                "softirq. At 90% the end bound the test, not the path: the throughput alerts leave such a test out "
-                "and PathprobeThroughputTestHostBound names the host. No line for an end that reported nothing "
-                "(an older peer).",
+                "softirq, and the share of its host's CPU time its hypervisor took (steal). At 90% (steal: 10%) the "
+                "end bound the test, not the path: the throughput alerts leave such a test out and "
+                "PathprobeThroughputTestHostBound names the host. No line for an end that reported nothing (an "
+                "older peer).",
                 "percentunit",
                 query(
                     f"pathprobe_throughput_end_runnable_ratio{{{sel}}}",
@@ -123,6 +124,11 @@ def build(p: Params) -> Dashboard:
                     f"pathprobe_throughput_end_softirq_ratio{{{sel}}}",
                     "softirq {{end}} {{host}} -> {{peer}} x{{streams}} {{direction}}",
                     ref="B",
+                ),
+                query(
+                    f"pathprobe_throughput_end_steal_ratio{{{sel}}}",
+                    "steal {{end}} {{host}} -> {{peer}} x{{streams}} {{direction}}",
+                    ref="C",
                 ),
             )
         )

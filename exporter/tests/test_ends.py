@@ -71,8 +71,9 @@ def test_threads_are_a_process_each_before_iperf3_3_16_and_one_per_stream_since(
 
 
 def test_the_kernel_readers_read_this_host() -> None:
-    cores = kernel.softirq_ticks()
-    assert len(cores) == os.cpu_count() and all(total >= softirq >= 0 for softirq, total in cores.values())
+    cores = kernel.cpu_ticks()
+    assert len(cores) == os.cpu_count()
+    assert all(total >= softirq + steal and softirq >= 0 and steal >= 0 for softirq, steal, total in cores.values())
     assert kernel.udp_receive_errors() is not None
     assert kernel.affinity(os.getpid()) == len(os.sched_getaffinity(0))
     times = kernel.thread_times(os.getpid())
@@ -139,6 +140,10 @@ def end(**fields: float | int | None) -> EndFigures:
         (end(), end(runnable_ratio=0.99, cpu_cores=0.94, cpus=1, stream_threads=4, iperf3_version="3.16"), "tcp",
          None, ("receiver_cpu", "cpus")),
         (end(), end(softirq_ratio=0.95), "tcp", None, ("receiver_cpu", "softirq")),
+        # A host whose hypervisor took a tenth of its CPU: its threads look idle, the host bound the test.
+        (end(steal_ratio=0.15), end(), "tcp", None, ("sender_cpu", "steal")),
+        (end(steal_ratio=0.12), end(steal_ratio=0.12), "tcp", None, ("receiver_cpu", "steal")),
+        (end(steal_ratio=0.02), end(steal_ratio=0.01), "tcp", None, ("none", "")),
         # A thread that slept between but waited for a CPU most of its busiest second (one stream under a quota).
         (end(runnable_ratio=0.88, wait_ratio=0.87, cpu_cores=0.01), end(), "tcp", None, ("sender_cpu", "cpus")),
         (end(runnable_ratio=0.3, wait_ratio=0.2), end(), "tcp", None, ("none", "")),
@@ -176,6 +181,20 @@ def test_a_busiest_second_is_taken_not_the_average_of_a_test_that_ramps_up() -> 
     assert figures.cpu_cores == pytest.approx(0.7, abs=0.01)
 
 
+def test_steal_is_the_hosts_share_over_the_whole_test() -> None:
+    watch = ends.EndWatch(1, "3.12", pids=[1])
+    # Two CPUs over 4 s at 100 ticks a second: cpu0 stolen 30 ticks a second in the last two, cpu1 never.
+    for i in range(41):
+        t = i * 0.1
+        stolen = int(30 * max(0.0, t - 2.0))
+        cpus = {"cpu0": (0, stolen, int(100 * t)), "cpu1": (0, 0, int(100 * t))}
+        watch.samples.append(ends._Sample(t, {(1, 1): (0, 0)}, cpus))
+    steal = watch.figures().steal_ratio
+    assert steal == pytest.approx(60 / 800, abs=0.005)
+    assert end(steal_ratio=steal).remedy() is None
+    assert end(steal_ratio=ends.STEAL_BOUND).remedy() == "steal"
+
+
 def test_a_test_too_short_to_judge_has_no_figures() -> None:
     watch = ends.EndWatch(1, "3.12", pids=[1])
     watch.samples = [ends._Sample(t, {(1, 1): (0, 0)}, {}) for t in (0.0, 0.1)]
@@ -203,6 +222,7 @@ def test_a_peers_report_is_checked_field_by_field() -> None:
         (json.dumps(good | {"end": {**good["end"], "udp_receive_drops": 2**70}}).encode(), "end: udp_receive_drops"),
         (json.dumps(good | {"end": {**good["end"], "udp_receive_drops": 1.5}}).encode(), "end: udp_receive_drops"),
         (json.dumps(good | {"end": {**good["end"], "cpus": True}}).encode(), "end: cpus"),
+        (json.dumps(good | {"end": {**good["end"], "steal_ratio": 1.2}}).encode(), "end: steal_ratio"),
         (json.dumps(good | {"end": "everything"}).encode(), "end: not an object"),
     ]
     for body, reason in bad:

@@ -216,7 +216,7 @@ def report_document() -> st.SearchStrategy[Any]:
     value = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=12))
     end = st.dictionaries(st.sampled_from(["runnable_ratio", "wait_ratio", "cpu_cores", "usable_cpus", "softirq_ratio",
                                            "udp_receive_drops", "iperf3_version", "processes", "quota_cpus", "cpus",
-                                           "stream_threads"]), value)  # fmt: skip
+                                           "stream_threads", "steal_ratio"]), value)  # fmt: skip
     return st.fixed_dictionaries(
         {}, optional={"iperf3": st.dictionaries(st.sampled_from(["version", "ports"]), value | st.lists(value)),
                       "end": end | value, "ended_seconds_ago": value}
@@ -234,6 +234,7 @@ def test_a_served_tests_report_gives_possible_figures_or_says_why_not(body: byte
     e = got.end
     for share in (e.runnable_ratio, e.wait_ratio, e.softirq_ratio):
         assert share is None or 0 <= share <= 1.5
+    assert e.steal_ratio is None or 0 <= e.steal_ratio <= 1
     for cpus in (e.cpu_cores, e.usable_cpus, e.quota_cpus):
         assert cpus is None or 0 <= cpus <= MAX_CPUS
     assert e.udp_receive_drops is None or e.udp_receive_drops >= 0

@@ -40,10 +40,11 @@ class VirtualTime:
             if not waiter.done():
                 waiter.set_result(None)
 
-    async def drive(self, tasks: list[asyncio.Task[None]], done: Callable[[], bool], real_seconds: float = 20) -> None:
+    async def drive(self, tasks: list[asyncio.Task[None]], done: Callable[[], bool], real_seconds: float = 120) -> None:
         """Run until `done()`: while any task runs (or waits on something else, e.g. a thread), the
         loop runs it; once every live one of `tasks` (a list the tasks may add to) waits on this
-        clock, time moves on. `real_seconds` bounds the run against a hang in this machine's time."""
+        clock, time moves on. `real_seconds` bounds the run against a hang in this machine's time, not
+        its speed: a rolling change's 20 simulated minutes took more than 20 s at nice 19 beside three labs."""
         async with asyncio.timeout(real_seconds):
             while not done():
                 for task in tasks:

@@ -16,6 +16,9 @@ Each end is judged by what its process could not get, not by a share of 100%:
   that waits for the network sleeps and is not counted;
 - the busiest core's softirq share (/proc/stat): the kernel's packet processing, which runs
   beside the process (a flow's receive work lands on one core);
+- the share of the host's CPU time its hypervisor took (steal, /proc/stat) over the test: a
+  stolen vCPU stops the test's threads and the kernel's packet processing alike, and a guest's
+  scheduler counts that time as neither running nor waiting, so a starved thread looks idle;
 - UDP datagrams the receiving host dropped for a full socket buffer during the test
   (/proc/net/snmp RcvbufErrors): that "loss" is the receiver's.
 Without schedstat (a kernel without CONFIG_SCHED_INFO) the process's CPU time is judged against
@@ -50,6 +53,10 @@ CPU_BOUND = 0.9
 ONE_THREAD_SHARE = 0.8
 # A core that spent this share of a second in softirq was saturated by packet processing.
 SOFTIRQ_BOUND = 0.9
+# A host whose hypervisor took this share of its CPU time over the test measured itself: on this
+# project's 2-vCPU lab VM, 14-23% steal held lab tests to 52-77% of rates they reach at 0-1%, the
+# delay line and iperf3 losing their turns alike; a tenth is well above the 0-1% of a quiet host.
+STEAL_BOUND = 0.1
 # The receiver's dropped datagrams bound a UDP test's loss when they are this share of what it lost.
 DROPS_SHARE = 0.1
 # How often an end is sampled while its test runs; the CPUs and quota of its processes are read at
@@ -75,6 +82,8 @@ REMEDIES = {
     "cpus": "every CPU the iperf3 process may use was busy: a larger instance, fewer streams, or less other load",
     "softirq": "one core is saturated by the kernel's packet processing: more streams (spread over the NIC's "
     "queues), or a larger instance",
+    "steal": "the hypervisor took the host's CPU (steal): a burstable instance out of CPU credits or a busy "
+    "virtual host; an instance type that is not burstable, or T instances' unlimited mode",
     "receive_buffer": "the receiver dropped datagrams for a full socket buffer: a lower UDP bitrate, or larger "
     "buffers (net.core.rmem_max and throughput.window_bytes)",
 }
@@ -106,6 +115,7 @@ class EndFigures:
     quota_cpus: float | None = None  # the cgroup's CPU quota (None: none)
     cpus: int | None = None  # CPUs the process may run on (its affinity)
     stream_threads: int | None = None
+    steal_ratio: float | None = None  # the host's CPU time its hypervisor took, over the test
 
     @property
     def cpu_ratio(self) -> float | None:
@@ -129,6 +139,8 @@ class EndFigures:
 
     def remedy(self) -> str | None:
         """What bound this end (a key of REMEDIES), None when it had headroom or is unknown."""
+        if self.steal_ratio is not None and self.steal_ratio >= STEAL_BOUND:
+            return "steal"
         if self.softirq_ratio is not None and self.softirq_ratio >= SOFTIRQ_BOUND:
             return "softirq"
         if not self.cpu_bound():
@@ -181,6 +193,7 @@ def from_json(doc: Any) -> EndFigures:
         quota_cpus=number("quota_cpus", MAX_CPUS),
         cpus=number("cpus", MAX_CPUS, whole=True),
         stream_threads=number("stream_threads", 2**16, whole=True),
+        steal_ratio=number("steal_ratio", 1),
     )
 
 
@@ -233,6 +246,8 @@ def describe(end: EndFigures | None) -> str:
         parts.append(f"cgroup quota {end.quota_cpus:.3g} CPUs")
     if end.softirq_ratio is not None:
         parts.append(f"busiest core in softirq {end.softirq_ratio:.0%}")
+    if end.steal_ratio is not None:
+        parts.append(f"host's CPU taken by its hypervisor {end.steal_ratio:.0%}")
     return ", ".join(parts)
 
 
@@ -252,7 +267,7 @@ def describe_bound(limit: str, remedy: str) -> str:
 class _Sample:
     at: float
     threads: dict[tuple[int, int], tuple[int, int | None]]  # (pid, tid) -> (run ns, wait ns)
-    softirq: dict[str, tuple[int, int]]
+    cpus: dict[str, tuple[int, int, int]]  # each CPU's (softirq, steal, total) ticks
 
 
 @dataclass
@@ -287,7 +302,7 @@ class EndWatch:
                 self.cpus = kernel.affinity(pid) or self.cpus
                 self.quota = kernel.cgroup_quota_cpus(pid) or self.quota
         if threads:
-            self.samples.append(_Sample(time.monotonic() if now is None else now, threads, kernel.softirq_ticks()))
+            self.samples.append(_Sample(time.monotonic() if now is None else now, threads, kernel.cpu_ticks()))
 
     def stop(self) -> None:
         """The end of the test's samples (or of those so far: a report asked for while it runs)."""
@@ -313,9 +328,9 @@ class EndWatch:
                 runnable = max(runnable or 0.0, *(r + q for r, q in zip(run, queued, strict=True)))
                 wait = max(wait or 0.0, *queued)
             cores = [
-                ((b.softirq[c][0] - a.softirq[c][0]) / (b.softirq[c][1] - a.softirq[c][1]))
-                for c in b.softirq
-                if c in a.softirq and b.softirq[c][1] > a.softirq[c][1]
+                ((b.cpus[c][0] - a.cpus[c][0]) / (b.cpus[c][2] - a.cpus[c][2]))
+                for c in b.cpus
+                if c in a.cpus and b.cpus[c][2] > a.cpus[c][2]
             ]
             if cores:
                 softirq = max(softirq or 0.0, *cores)
@@ -337,7 +352,16 @@ class EndWatch:
             quota_cpus=self.quota,
             cpus=self.cpus,
             stream_threads=stream_threads,
+            # Over the whole test, whose mean rate is over all of it.
+            steal_ratio=steal_share(self.samples[0].cpus, self.samples[-1].cpus) if len(self.samples) > 1 else None,
         )
+
+
+def steal_share(first: dict[str, tuple[int, int, int]], last: dict[str, tuple[int, int, int]]) -> float | None:
+    """The share of the host's CPU time its hypervisor took between two readings of kernel.cpu_ticks()."""
+    both = [c for c in last if c in first]
+    total = sum(last[c][2] - first[c][2] for c in both)
+    return sum(last[c][1] - first[c][1] for c in both) / total if total > 0 else None
 
 
 def _delta(before: int | None, after: int | None) -> int | None:

@@ -1,5 +1,5 @@
 """What the kernel says of a process and of its host (procfs and cgroupfs, read-only): each
-thread's time on a CPU and waiting on a run queue, each core's softirq time, the UDP datagrams
+thread's time on a CPU and waiting on a run queue, each core's softirq and steal time, the UDP datagrams
 dropped for a full receive buffer, the CPUs a process may run on and its cgroup's CPU quota. Each
 reader returns None where the kernel does not say (a file missing, a process gone)."""
 
@@ -45,8 +45,8 @@ def _stat_ticks(path: Path) -> int | None:
         return None
 
 
-def softirq_ticks() -> dict[str, tuple[int, int]]:
-    """Each CPU's (softirq, total) ticks since boot (/proc/stat)."""
+def cpu_ticks() -> dict[str, tuple[int, int, int]]:
+    """Each CPU's (softirq, steal, total) ticks since boot (/proc/stat)."""
     out = {}
     try:
         lines = Path("/proc/stat").read_text().splitlines()
@@ -56,7 +56,7 @@ def softirq_ticks() -> dict[str, tuple[int, int]]:
         if line.startswith("cpu") and line[3:4].isdigit():
             name, *values = line.split()
             ticks = [int(v) for v in values[:8]]  # user nice system idle iowait irq softirq steal
-            out[name] = (ticks[6], sum(ticks))
+            out[name] = (ticks[6], ticks[7], sum(ticks))
     return out
 
 

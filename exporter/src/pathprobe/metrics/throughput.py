@@ -79,12 +79,15 @@ END_FAMILIES = {
     "pathprobe_throughput_end_softirq_ratio":
         "Share of its busiest second that this end's busiest core spent in softirq (the kernel's packet processing) "
         "during the last test: at 0.9 and above it bound the test. " + CACHED,
+    "pathprobe_throughput_end_steal_ratio":
+        "Share of this end's host's CPU time its hypervisor took (steal, /proc/stat) over the last test: at 0.1 "
+        "and above the host, not the path, bound the test. " + CACHED,
 }  # fmt: skip
 
 
 def _end_values(e: ends.EndFigures) -> tuple[float | None, ...]:
     """An end's value for each of END_FAMILIES, in order (None: not known)."""
-    return (e.runnable_ratio, e.wait_ratio, e.cpu_ratio, e.usable_cpus, e.softirq_ratio)
+    return (e.runnable_ratio, e.wait_ratio, e.cpu_ratio, e.usable_cpus, e.softirq_ratio, e.steal_ratio)
 
 
 def _values(r: ThroughputResult) -> tuple[float | None, ...]:
