@@ -54,8 +54,9 @@ ONE_THREAD_SHARE = 0.8
 # A core that spent this share of a second in softirq was saturated by packet processing.
 SOFTIRQ_BOUND = 0.9
 # A host whose hypervisor took this share of its CPU time over the test measured itself: on this
-# project's 2-vCPU lab VM, 14-23% steal held lab tests to 52-77% of rates they reach at 0-1%, the
-# delay line and iperf3 losing their turns alike; a tenth is well above the 0-1% of a quiet host.
+# project's 2-vCPU lab VM, 14-23% steal held two demo tests to 52% and 77% of their expected rates
+# (90% and more at 0-1% steal), the delay line and iperf3 losing their turns alike; a tenth is well
+# above the 0-1% of a quiet host.
 STEAL_BOUND = 0.1
 # The receiver's dropped datagrams bound a UDP test's loss when they are this share of what it lost.
 DROPS_SHARE = 0.1
