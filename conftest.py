@@ -1,10 +1,16 @@
 """Every test session ends with the time each test file took (its tests' set-up, call and
 tear-down, module fixtures included; with -n, summed over the workers), so that a CI log says
-where its minutes went."""
+where its minutes went. Property-based tests have no deadline per example: CI runs the unit tests
+at nice 19 beside three labs, where one example can wait a quarter of a second for a CPU, and
+Hypothesis would fail the test for it."""
 
 from collections import defaultdict
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("pathprobe", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("pathprobe")
 
 _seconds_per_file: defaultdict[str, float] = defaultdict(float)
 

@@ -21,6 +21,7 @@ from helpers import PATHPROBE, dashboards, panels, root_leftovers, wait_for
 from pathprobe import procs, promql
 from pathprobe.monitoring import common, culprits, rules
 from pathprobe.monitoring.params import Params
+from pathprobe.probe_settings import RttSettings
 from pathprobe_lab import topology
 from pathprobe_lab.configs import LAB_CLOCK_ERROR_BOUND, lab_alert_params, rotation_seconds
 from pathprobe_lab.demo import SLOT_SECONDS, idle_tail_bound
@@ -170,6 +171,8 @@ def test_the_default_demo_fills_prometheus_for_every_path_stays_silent_then_clea
         assert len(best) == 2 * len(paths) and min(best.values()) >= BEST_RATIO, best
         cpu_share = cpu_shares(cpu_before, cpu_times())
         tails = idle_rtt_tails()
+        polls.append((time.monotonic() - started, cpu_times()))
+        stolen_most = most_stolen(polls, polls[-1][0] - RTT_WINDOW_SECONDS)
         wide = {k: (p50, p99) for k, (p50, p99, bound) in tails.items() if p99 - p50 > bound}
         closest = max(tails, key=lambda k: (tails[k][1] - tails[k][0]) / tails[k][2])
         with capsys.disabled():
@@ -196,10 +199,45 @@ def test_the_default_demo_fills_prometheus_for_every_path_stays_silent_then_clea
             f"demo: the machine's CPU over the silent window, % of all cores: {cpu_share}; {summary}; "
             f"steal per poll: {steal_per_poll(polls)}"
         )
-    # Idle RTT tails as tight as the path. While the delay line woke for each arrival as well as each release,
-    # the widest tail was 0.12-0.135 ms above p50 on the 0.15 ms bound, and one run in seven missed by 0.01 ms;
-    # since it wakes for releases only, 0.056-0.079 ms in eleven runs.
-    assert not wide, f"idle RTT tails beyond the target ({cpu_share['steal']}% steal): {wide}"
+    check_idle_tails(wide, stolen_most, cpu_share["steal"], capsys)
+
+
+def check_idle_tails(
+    wide: dict[tuple[str, str, str], tuple[float, float]],
+    stolen_most: float,
+    steal: float,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Idle RTT tails as tight as the path. While the delay line woke for each arrival as well as each
+    release, the widest tail was 0.12-0.135 ms above p50 on the 0.15 ms bound, and one run in seven
+    missed by 0.01 ms; since it wakes for releases only, 0.056-0.079 ms in eleven runs. The lab's paths
+    are as tight as that only while this VM runs: a vCPU its hypervisor took holds every packet in the
+    lab, and the probes measure that as it is (a run with 15-23% steal in the window's last 75 s had
+    every idle p99 7-12 ms above its p50). So the tails are asserted where the quantiles' window was
+    quiet (`stolen_most`: the most steal in one of its polls, %), and printed otherwise."""
+    if stolen_most > QUIET_STEAL_PERCENT:
+        with capsys.disabled():
+            print(
+                f"demo: idle RTT tails not asserted: this VM's hypervisor took up to {stolen_most}% of its CPU "
+                f"in a poll of the quantiles' last {RTT_WINDOW_SECONDS:g} s (quiet: {QUIET_STEAL_PERCENT}% at most)"
+            )
+        return
+    assert not wide, f"idle RTT tails beyond the target ({steal}% steal): {wide}"
+
+
+# The exporters' RTT quantile window (probes.rtt.quantile_window_seconds), and the most steal in one
+# poll of it for the idle tails to be asserted: above the 0.1-0.7% this VM reads with nothing running.
+RTT_WINDOW_SECONDS = RttSettings().quantile_window_seconds
+QUIET_STEAL_PERCENT = 2.0
+
+
+def most_stolen(polls: list[tuple[float, list[int]]], since: float) -> float:
+    """The largest share of both cores (%) the hypervisor took in one poll that ended after `since`
+    (seconds into the demo)."""
+    return max(
+        (cpu_shares(before, after)["steal"] for (_, before), (end, after) in itertools.pairwise(polls) if end > since),
+        default=0.0,
+    )
 
 
 def throughput_alerts_margin() -> str:

@@ -96,10 +96,11 @@ def test_garbage_datagrams_are_ignored() -> None:
 
 def test_jitter_follows_rtt_changes() -> None:
     c, r = client()
-    base = time.perf_counter()
+    base, sent_ns = time.perf_counter(), time.time_ns()
     for seq in range(3):
-        send(c, seq, base - 0.010 * (seq + 1))  # RTTs about 10, 20, 30 ms
-        c.datagram_received(packet(seq, 64, 0), ("x", 1))
+        # RTTs of 10, 20 and 30 ms by the stamps, whatever this process waited for a CPU between reads.
+        send(c, seq, base - 0.010 * (seq + 1))
+        c.datagram_received(packet(seq, 64, sent_ns), ("x", 1), arrived_ns=sent_ns + 10_000_000 * (seq + 1))
     assert r.jitter_seconds == pytest.approx(0.010 / 16 + (0.010 - 0.010 / 16) / 16, rel=0.05)
 
 

@@ -232,13 +232,15 @@ def test_the_refresh_setting_reaches_the_served_snapshot() -> None:
     """web.refresh_seconds sets how often a client polling /metrics faster than it sees a new
     render: at 0.2 s a new value shows within a few refreshes, well before the default 5 s."""
     r, g = registry_with(1)
-    with running(WebSettings(listen="127.0.0.1:0", refresh_seconds=0.2), r) as (_, port):
+    with running(WebSettings(listen="127.0.0.1:0", refresh_seconds=0.2), r) as (server, port):
+        assert server.snapshot.refresh == 0.2
         assert b"pathprobe_test_value 1.0" in scrape(port, tls=False)[1]
         g.set(2)
         began = time.monotonic()
         while b"pathprobe_test_value 2.0" not in scrape(port, tls=False)[1] and time.monotonic() - began < 6:
             time.sleep(0.05)
-        assert time.monotonic() - began < 2.5  # 5 s or more with the default refresh
+        # 5 s or more with the default refresh; below that with room for a server waiting for a CPU.
+        assert time.monotonic() - began < 4.5
 
 
 class Breaks:
@@ -265,21 +267,27 @@ def test_a_render_that_raises_keeps_the_last_snapshot_counted_and_retries(caplog
     snap = snapshot(r, refresh=0.05)
     assert b"pathprobe_test_value 1.0" in snap.get()
     g.set(2)
+    broke = time.monotonic()
     breaks.broken = True
-    time.sleep(0.3)  # several background renders fail
+    # Several background renders fail (timed by what happened: at nice 19 beside three labs the render
+    # thread can wait longer than a fixed sleep for a CPU).
+    while trailer_value(snap.get(), "pathprobe_scrape_render_errors_total") < 2:
+        assert time.monotonic() - broke < 30, "the failing render was not retried"
+        time.sleep(0.05)
+    elapsed = time.monotonic() - broke
     body = snap.get()
     assert b"pathprobe_test_value 1.0" in body  # the last good snapshot, ageing
+    assert trailer_value(body, "pathprobe_scrape_snapshot_age_seconds") >= elapsed  # rendered before it broke
     # Retried every `refresh`, not at once again: a failing render is no busy loop.
-    assert 2 <= trailer_value(body, "pathprobe_scrape_render_errors_total") <= 0.3 / 0.05 + 2
-    assert trailer_value(body, "pathprobe_scrape_snapshot_age_seconds") >= 0.2
+    assert trailer_value(body, "pathprobe_scrape_render_errors_total") <= (time.monotonic() - broke) / 0.05 + 2
     assert "rendering /metrics failed" in caplog.text and "KeyError" in caplog.text
+    fixed = time.monotonic()
     breaks.broken = False
-    deadline = time.monotonic() + 5
-    while b"pathprobe_test_value 2.0" not in snap.get() and time.monotonic() < deadline:
+    while b"pathprobe_test_value 2.0" not in snap.get() and time.monotonic() < fixed + 30:
         time.sleep(0.05)
     body = snap.get()
     assert b"pathprobe_test_value 2.0" in body  # the render thread lived on and retried
-    assert trailer_value(body, "pathprobe_scrape_snapshot_age_seconds") < 0.2
+    assert trailer_value(body, "pathprobe_scrape_snapshot_age_seconds") <= time.monotonic() - fixed  # since the fix
 
 
 def test_a_first_render_that_raises_still_answers_200() -> None:
@@ -401,11 +409,13 @@ def test_an_idle_connection_does_not_block_tls_scrapes(secured: WebSettings) -> 
     # Regression: the listening socket was wrapped in TLS, so accept() ran the
     # handshake of the idle connection on the serving thread, without a timeout: every
     # scrape after it hung.
-    with running(secured) as (_, port), socket.create_connection(("127.0.0.1", port)):
+    # The idle connection's handshake may take a minute: a scrape held behind it would wait that long.
+    limits = ConnectionLimits(handshake_seconds=60)
+    with running(secured, limits=limits) as (_, port), socket.create_connection(("127.0.0.1", port)):
         start = time.monotonic()
-        status, body = scrape(port, timeout=2.0)
+        status, body = scrape(port, timeout=30.0)
         assert status == 200 and b"pathprobe_test_value 1.0" in body
-        assert time.monotonic() - start < 2.0
+        assert time.monotonic() - start < 30.0
 
 
 def test_32_concurrent_tls_scrapes_all_succeed(secured: WebSettings) -> None:
@@ -414,7 +424,7 @@ def test_32_concurrent_tls_scrapes_all_succeed(secured: WebSettings) -> None:
 
         def one(_: int) -> int:
             barrier.wait(timeout=10)
-            return scrape(port, timeout=5.0)[0]
+            return scrape(port, timeout=30.0)[0]
 
         with concurrent.futures.ThreadPoolExecutor(32) as pool:
             assert list(pool.map(one, range(32))) == [200] * 32
@@ -427,14 +437,15 @@ def test_idle_connections_are_closed_after_the_timeout_plain_and_tls(secured: We
     for settings in (plain, secured):
         with running(settings, limits=quick) as (server, port):
             with socket.create_connection(("127.0.0.1", port)) as idle:
-                assert closed_by_server(idle, within=5.0)
+                assert closed_by_server(idle, within=30.0)
             assert scrape(port, tls=settings.config_file is not None)[0] == 200
             reason = "tls_handshake" if settings.config_file else "timeout"
             assert refusals(server, reason) >= 1
 
 
 def test_a_trickling_client_is_cut_at_the_request_deadline() -> None:
-    # The deadline covers the whole request, not each read: a byte every 0.2 s gains nothing.
+    # The deadline covers the whole request, not each read: a byte every 0.2 s gains nothing (sent whole,
+    # the trickle takes over 20 s: 15 s tells the two apart on a machine where the server waits for a CPU).
     with running(WebSettings(listen="127.0.0.1:0"), limits=ConnectionLimits(request_seconds=1.0)) as (server, port):
         with socket.create_connection(("127.0.0.1", port)) as slow:
             start = time.monotonic()
@@ -448,17 +459,17 @@ def test_a_trickling_client_is_cut_at_the_request_deadline() -> None:
                 if closed_by_server(slow, within=0.2):
                     closed = True
                     break
-            assert closed and time.monotonic() - start < 3.0
+            assert closed and time.monotonic() - start < 15.0
         assert refusals(server, "timeout") == 1
         assert scrape(port, tls=False, auth=None)[0] == 200
 
 
 def test_a_connection_past_its_deadline_is_cut() -> None:
-    limits = ConnectionLimits(request_seconds=5.0, deadline_seconds=0.5)
+    limits = ConnectionLimits(request_seconds=60.0, deadline_seconds=0.5)
     with running(WebSettings(listen="127.0.0.1:0"), limits=limits) as (server, port):
         with socket.create_connection(("127.0.0.1", port)) as slow:
             slow.sendall(b"GET /metrics HTTP/1.1\r\n")
-            assert closed_by_server(slow, within=3.0)
+            assert closed_by_server(slow, within=30.0)
         assert refusals(server, "deadline") == 1
 
 
@@ -504,7 +515,7 @@ def test_silent_connections_stay_with_the_kernel_and_cost_the_server_nothing() -
         descriptors = len(os.listdir("/proc/self/fd"))
         silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(200)]
         try:
-            assert scrape(port, tls=False, auth=None, timeout=1.0)[0] == 200
+            assert scrape(port, tls=False, auth=None, timeout=30.0)[0] == 200
             # The test's own 200 sockets, none of the server's (they were never handed to it: the
             # scrape, accepted after them, would have been accepted after them), and perhaps the
             # server's end of the scrape, still closing.
@@ -514,7 +525,7 @@ def test_silent_connections_stay_with_the_kernel_and_cost_the_server_nothing() -
                 s.close()
         # Closed unsent, they reach the server as a burst of closed connections: it still answers,
         # and holds none of them to a deadline or a cap.
-        assert scrape(port, tls=False, auth=None, timeout=1.0)[0] == 200
+        assert scrape(port, tls=False, auth=None, timeout=30.0)[0] == 200
         assert sum(server.stats.refused.values()) == 0
 
 
@@ -594,9 +605,9 @@ def test_a_source_at_its_cap_displaces_its_oldest_idle_connection_not_the_scrape
     with running(WebSettings(listen="127.0.0.1:0"), limits=ConnectionLimits(per_source=4)) as (server, port):
         slow = [slow_from("127.0.0.1", port) for _ in range(10)]  # the scraper's own address
         try:
-            assert all(closed_by_server(s, within=2.0) for s in slow[:6])  # the 6 oldest, displaced
+            assert all(closed_by_server(s, within=30.0) for s in slow[:6])  # the 6 oldest, displaced
             assert not closed_by_server(slow[-1], within=0.1)
-            assert scrape(port, tls=False, auth=None, timeout=1.0)[0] == 200
+            assert scrape(port, tls=False, auth=None, timeout=30.0)[0] == 200
             assert refusals(server, "source_limit", at_least=7) == 7  # and one more for the scrape
         finally:
             for s in slow:
@@ -608,9 +619,9 @@ def test_at_the_overall_cap_the_busiest_source_gives_way() -> None:
         slow = [slow_from("127.0.0.2", port) for _ in range(6)] + [slow_from("127.0.0.3", port)]
         slow += [slow_from("127.0.0.4", port) for _ in range(3)]
         try:
-            assert closed_by_server(slow[0], within=2.0) and closed_by_server(slow[1], within=2.0)
+            assert closed_by_server(slow[0], within=30.0) and closed_by_server(slow[1], within=30.0)
             assert not closed_by_server(slow[6], within=0.1)  # 127.0.0.3's one connection stays
-            assert scrape(port, tls=False, auth=None, timeout=1.0)[0] == 200
+            assert scrape(port, tls=False, auth=None, timeout=30.0)[0] == 200
             assert refusals(server, "busy", at_least=3) == 3
         finally:
             for s in slow:

@@ -218,13 +218,16 @@ GET = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
 def test_a_kept_connection_is_closed_quietly_after_its_idle_timeout() -> None:
-    with running(WebSettings(listen="127.0.0.1:0"), limits=ConnectionLimits(idle_seconds=0.5)) as (server, port):
+    # Every other limit a minute or more away: only the idle timeout can close it within 30 s (a bound
+    # that a server waiting for a CPU at nice 19 beside three labs still meets).
+    limits = ConnectionLimits(idle_seconds=0.5, request_seconds=60)
+    with running(WebSettings(listen="127.0.0.1:0"), limits=limits) as (server, port):
         with socket.create_connection(("127.0.0.1", port)) as s:
             assert exchange(s, GET).startswith(b"HTTP/1.1 200 OK")
             assert exchange(s, GET).startswith(b"HTTP/1.1 200 OK")  # kept open
             start = time.monotonic()
-            assert closed_within(s, 3.0)
-            assert 0.4 < time.monotonic() - start < 2.0
+            assert closed_within(s, 30.0)
+            assert 0.4 < time.monotonic() - start < 30.0
         assert sum(server.stats.refused.values()) == 0  # an idle kept connection is no refusal
 
 
@@ -264,11 +267,17 @@ def test_idle_kept_connections_give_way_at_the_cap() -> None:
 
 
 def test_a_tls_client_on_the_plain_port_gets_a_400_at_once() -> None:
-    with running(WebSettings(listen="127.0.0.1:0")) as (_, port), socket.create_connection(("127.0.0.1", port)) as raw:
+    # At once: not after the request's time is up (a minute here, so that a server waiting for a CPU
+    # at nice 19 beside three labs is never mistaken for one waiting for the rest of a request).
+    limits, context = ConnectionLimits(request_seconds=60), client_context()
+    with (
+        running(WebSettings(listen="127.0.0.1:0"), limits=limits) as (_, port),
+        socket.create_connection(("127.0.0.1", port)) as raw,
+    ):
         start = time.monotonic()
         with pytest.raises(ssl.SSLError, match=r"WRONG_VERSION_NUMBER|wrong version number"):
-            client_context().wrap_socket(raw)
-        assert time.monotonic() - start < 1.0
+            context.wrap_socket(raw)
+        assert time.monotonic() - start < 30.0
     # Go's client names it from the answer's first bytes: "server gave HTTP response to HTTPS client".
     with running(WebSettings(listen="127.0.0.1:0")) as (_, port), socket.create_connection(("127.0.0.1", port)) as raw:
         raw.sendall(b"\x16\x03\x01\x00\x05hello")
