@@ -181,7 +181,7 @@ def test_the_default_demo_fills_prometheus_for_every_path_stays_silent_then_clea
                 f"demo: idle RTT series with p99 beyond the target: {wide or 'none'}; closest to it: {closest} "
                 f"p50 {p50 * 1e3:.3f} ms, p99 {p99 * 1e3:.3f} ms (+{(p99 - p50) * 1e3:.3f}, bound {bound * 1e3:.3f})"
             )
-        check_capacity_review()
+        review_stolen = check_capacity_review()
     finally:
         demo.send_signal(signal.SIGINT)
         out, _ = demo.communicate(timeout=60)
@@ -197,7 +197,8 @@ def test_the_default_demo_fills_prometheus_for_every_path_stays_silent_then_clea
         summary = delay_line[-1] if delay_line else "no delay line summary"
         print(
             f"demo: the machine's CPU over the silent window, % of all cores: {cpu_share}; {summary}; "
-            f"steal per poll: {steal_per_poll(polls)}"
+            f"steal per poll: {steal_per_poll(polls)}; capacity review rows without a result for steal "
+            f"(streams): {review_stolen or 'none'}"
         )
     check_idle_tails(wide, stolen_most, cpu_share["steal"], capsys)
 
@@ -343,10 +344,13 @@ def idle_rtt_tails() -> dict[tuple[str, str, str], tuple[float, float, float]]:
     return {k: (p50[k], p99[k], idle_tail_bound(p50[k])) for k in p50}
 
 
-def check_capacity_review() -> None:
+def check_capacity_review() -> list[int]:
     """The capacity review from the demo's stored history (several tests of each path, whose median it
     takes): Tokyo -> Osaka, bound by the inter-region cap (c6gn.xlarge: 5 Gbps, 500 Mbit/s at the lab's
-    scale) and, with one flow, the per-flow cap."""
+    scale) and, with one flow, the per-flow cap. The review leaves out tests that measured their own
+    ends, at a 5-minute step: where this VM's hypervisor took their CPU at each step of the demo's ten
+    minutes, a stream count has no stored result, and the review must say that steal is why. Returns
+    those stream counts."""
     cap = subprocess.run(
         [
             *PATHPROBE,
@@ -368,18 +372,23 @@ def check_capacity_review() -> None:
         timeout=60,
         check=False,
     )
-    assert cap.returncode == 0, cap.stderr
     review = json.loads(cap.stdout)
-    rows = {r["streams"]: r["bits_per_second"] for r in review["rows"]}
-    # What Prometheus holds, as the review says...
-    stored = query(
-        'quantile_over_time(0.5, pathprobe_throughput_bytes_per_second{host="tokyo-a", peer="osaka-a", '
-        'streams="1", direction="send"}[30d])'
-    )
-    assert rows[1] == pytest.approx(float(stored[0]["value"][1]) * 8, rel=0.01)
+    stolen = [
+        r["streams"]
+        for r in review["rows"]
+        if r["bits_per_second"] is None and r["error"] == "no stored results" and r["remedy"] == "steal"
+    ]
+    assert cap.returncode == (1 if stolen else 0), cap.stdout + cap.stderr
+    rows = {r["streams"]: r["bits_per_second"] for r in review["rows"] if r["streams"] not in stolen}
+    if 1 in rows and not review["rows"][0]["ends_bound"]:
+        # What Prometheus holds, as the review says...
+        stored = query(
+            'quantile_over_time(0.5, pathprobe_throughput_bytes_per_second{host="tokyo-a", peer="osaka-a", '
+            'streams="1", direction="send"}[30d])'
+        )
+        assert rows[1] == pytest.approx(float(stored[0]["value"][1]) * 8, rel=0.01)
     # ...and a healthy path: one flow and four at their caps.
-    assert rows[1] == pytest.approx(500e6, rel=0.05), rows
-    assert rows[4] == pytest.approx(500e6, rel=0.05), rows
+    assert all(rate == pytest.approx(500e6, rel=0.05) for rate in rows.values()), review["rows"]
     # The one-way delays each way as stored (the lab states its clocks' bound), with the bounds added.
     for direction in ("forward", "reverse"):
         stored = query(
@@ -389,6 +398,7 @@ def check_capacity_review() -> None:
         got = review["one_way"][f"{direction}_seconds"]["p50"]
         assert got == pytest.approx(float(stored[0]["value"][1]), rel=0.01), review["one_way"]
     assert review["one_way"]["error_bound_seconds"] == pytest.approx(2 * LAB_CLOCK_ERROR_BOUND)
+    return stolen
 
 
 # --- the demo ends cleanly however it ends ---------------------------------------------
