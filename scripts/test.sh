@@ -58,7 +58,7 @@ else
   # applications' flows (a gigabit transfer its receiver must keep up with: not beside the unit tests;
   # four minutes), and the machine's own namespace the tests that need it: test_lab.py (its hosts'
   # congestion control extends the machine's allowed list) and the demo's lifecycle tests (they
-  # check that list is put back).
+  # check that list is put back); test_lab.py's measured delays and rates wait for phase 4.
   bash scripts/isolated.sh .venv/bin/pytest -v --durations=5 tests/test_rollout_chaos.py > "$logs/chaos.log" 2>&1 &
   chaos=$!
   lint > "$logs/lint.log" 2>&1 &  # lint and types meanwhile: their result comes with the labs'
@@ -81,7 +81,7 @@ else
   bash scripts/isolated.sh .venv/bin/pytest -v -m "lab and not alone" --durations=10 "${third[@]}" > "$logs/third.log" 2>&1 &
   later=$!
   silent=tests/test_demo.py::test_the_default_demo_fills_prometheus_for_every_path_stays_silent_then_cleans_up
-  .venv/bin/pytest -v -m lab --durations=10 --deselect "$silent" tests/test_lab.py tests/test_demo.py \
+  .venv/bin/pytest -v -m "lab and not alone" --durations=10 --deselect "$silent" tests/test_lab.py tests/test_demo.py \
     > "$logs/machine.log" 2>&1 &
   machine=$!
   ended lint "$linted" chaos "$chaos" drills "$drills" host_bound "$bound" third "$later" machine "$machine"
@@ -103,7 +103,7 @@ else
     exporter/tests tests || main=$?
   ended culprits "$side"
   if [ "$main" -ne 0 ]; then exit "$main"; fi
-  # Phase 4: the latency bounds and the lab's predicted rates, which other tests' load would break,
-  # one at a time, alone.
+  # Phase 4: the latency bounds, the lab's predicted rates and its paths' measured delays and rates,
+  # which other tests' load would break, one at a time, alone.
   .venv/bin/pytest -v -m alone --durations=10 exporter/tests tests
 fi

@@ -7,14 +7,16 @@ import os
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from helpers import PATHPROBE, east_west, in_host, payload_rate, root_leftovers, topology, wait_for
+from helpers import PATHPROBE, east_west, in_host, payload_rate, root_leftovers, topology, unstolen, wait_for
 from pathprobe import procs
 from pathprobe_lab import shaping
 from pathprobe_lab.state import ROUTER, STATE_DIR, State, in_ns, ns
@@ -24,7 +26,10 @@ pytestmark = pytest.mark.lab
 
 # That the configured delay is what is measured, to a few ms (a 20 ms step is what impair
 # changes). The fidelity target (0.5 ms + 2%) is bench/lab_fidelity.py's: it is marginal for
-# the Python prober, and a test asserting it failed once under CI load (41.6 ms for 40).
+# the Python prober, and a test asserting it failed once under CI load (41.6 ms for 40). The tests
+# of what the lab's paths measure run alone (beside another lab's gigabit transfer one read 24.8 ms
+# for 20 and a restored 300 Mbit/s path at 108), and a measurement is taken from a run this VM's
+# hypervisor left its CPU (unstolen).
 RTT_TOLERANCE = 0.003
 
 TOPOLOGY = """
@@ -68,19 +73,27 @@ def serving(lab_up: Path) -> Iterator[None]:
     assert serve.wait(timeout=10) == 0
 
 
-def rtt_p50(src: str, dst_index: int, probe: str = "rtt") -> float:
+def probe(src: str, dst_index: int, *args: str) -> dict[str, Any]:
+    """`pathprobe probe ... --json` from src to a host, from a run the hypervisor left its CPU."""
+
+    def run() -> dict[str, Any]:
+        proc = in_host(src, [*PATHPROBE, "probe", args[0], address(dst_index), *args[1:], "--json"])
+        assert proc.returncode == 0, proc.stderr
+        result: dict[str, Any] = json.loads(proc.stdout)
+        return result
+
+    return unstolen(run)[0]
+
+
+def rtt_p50(src: str, dst_index: int, kind: str = "rtt") -> float:
     # Back to back (interval below the RTT), as netperf TCP_RR: the warm case; bench/lab_fidelity.py
     # measures the cold one.
-    pace = ["-i", "5ms"] if probe == "rtt" else ["--rate", "200/s"]
-    proc = in_host(src, [*PATHPROBE, "probe", probe, address(dst_index), "-c", "100", *pace, "--json"])
-    assert proc.returncode == 0, proc.stderr
-    return float(json.loads(proc.stdout)["rtt_seconds"]["p50"])
+    pace = ["-i", "5ms"] if kind == "rtt" else ["--rate", "200/s"]
+    return float(probe(src, dst_index, kind, "-c", "100", *pace)["rtt_seconds"]["p50"])
 
 
 def throughput(src: str, dst_index: int) -> float:
-    proc = in_host(src, [*PATHPROBE, "probe", "throughput", address(dst_index), "-t", "3s", "-O", "1s", "--json"])
-    assert proc.returncode == 0, proc.stderr
-    return float(json.loads(proc.stdout)["receiver_bytes_per_second"])
+    return float(probe(src, dst_index, "throughput", "-t", "3s", "-O", "1s")["receiver_bytes_per_second"])
 
 
 def test_up_then_down_leaves_nothing(lab_up: Path) -> None:
@@ -111,6 +124,7 @@ ISOLATED = Path(__file__).parents[1] / "scripts" / "isolated.sh"
 SECOND_LAB = east_west("3ms")
 
 
+@pytest.mark.alone
 def test_a_second_lab_in_a_namespace_of_its_own_leaves_the_machines_alone(serving: None, tmp_path: Path) -> None:
     before = json.loads(lab("status", "--json").stdout)
     topo = tmp_path / "second.yaml"
@@ -118,19 +132,24 @@ def test_a_second_lab_in_a_namespace_of_its_own_leaves_the_machines_alone(servin
     # The same host names and addresses, its own router and delay line: east -> west is 6 ms there.
     script = (
         '"$0" -m pathprobe lab up --topology "$1" >/dev/null && '
-        '"$0" -m pathprobe lab exec east -- ping -c 5 -i 0.2 -q 198.18.2.2; rc=$?; '
+        '"$0" -m pathprobe lab exec east -- ping -c 5 -i 0.2 198.18.2.2; rc=$?; '
         '"$0" -m pathprobe lab down >/dev/null; exit $rc'
     )
-    second = subprocess.run(
-        ["bash", str(ISOLATED), "sh", "-c", script, sys.executable, str(topo)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert second.returncode == 0, second.stdout + second.stderr
-    avg_ms = float(re.search(r"= [\d.]+/([\d.]+)/", second.stdout)[1])  # type: ignore[index]
-    assert 5.5 < avg_ms < 9, second.stdout
+
+    def second() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(ISOLATED), "sh", "-c", script, sys.executable, str(topo)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    ping = unstolen(second)[0]
+    assert ping.returncode == 0, ping.stdout + ping.stderr
+    # The median: the path's delay, as the exporter's p50, not one late wake-up's share of a mean.
+    median_ms = statistics.median(float(t) for t in re.findall(r"time=([\d.]+) ms", ping.stdout))
+    assert 5.5 < median_ms < 9, ping.stdout
     # The machine's lab: every namespace and process still there, its own 20 ms path unchanged.
     after = json.loads(lab("status", "--json").stdout)
     assert after["up"] and all(h["present"] for h in after["hosts"])
@@ -138,11 +157,13 @@ def test_a_second_lab_in_a_namespace_of_its_own_leaves_the_machines_alone(servin
     assert rtt_p50("east", 2) == pytest.approx(0.020, abs=RTT_TOLERANCE)
 
 
+@pytest.mark.alone
 def test_configured_delay_is_measured(serving: None) -> None:
     assert rtt_p50("east", 2) == pytest.approx(0.020, abs=RTT_TOLERANCE)
     assert rtt_p50("east", 2, "loss") == pytest.approx(0.020, abs=RTT_TOLERANCE)
 
 
+@pytest.mark.alone
 def test_impair_changes_what_is_measured_and_restore_brings_it_back(serving: None) -> None:
     before = throughput("east", 2)
     assert before == pytest.approx(payload_rate(300e6), rel=0.05)
@@ -221,6 +242,7 @@ def delay_line_counters(pid: int, log: Path) -> tuple[int, int]:
     return int(found[-1][0]), int(found[-1][1])
 
 
+@pytest.mark.alone
 def test_the_delay_line_wakes_for_releases_not_for_each_arrival_on_a_short_path(serving: None) -> None:
     """1.5 ms each way (a queue read as its packets arrive), 1,000 echoes a second: each packet arrives
     while an earlier one falls due within the path's delay, so the line reads it then instead of
@@ -275,6 +297,7 @@ def test_a_loss_change_on_one_path_drops_nothing_the_delay_line_holds_for_anothe
     echoes_during(toggled("north", "east", "--loss", "5%"))
 
 
+@pytest.mark.alone
 def test_a_delay_change_on_one_path_costs_another_nothing(serving: None) -> None:
     # North -> west's delay set (a queue bound while the line runs) and cleared ten times.
     # Restarting the delay line for each change, as the lab did, dropped what every queue held
@@ -292,6 +315,7 @@ def test_a_delay_change_on_one_path_costs_another_nothing(serving: None) -> None
     assert [p["pid"] for p in status["processes"] if p["what"] == "delay-line"] == [line]
 
 
+@pytest.mark.alone
 def test_a_bad_control_line_changes_nothing(serving: None) -> None:
     with socket.socket(socket.AF_UNIX) as control:
         control.settimeout(10)
@@ -301,6 +325,7 @@ def test_a_bad_control_line_changes_nothing(serving: None) -> None:
     assert rtt_p50("east", 2) == pytest.approx(0.020, abs=RTT_TOLERANCE)
 
 
+@pytest.mark.alone
 def test_a_delay_change_starts_a_dead_delay_line_again(serving: None) -> None:
     state = State.load()
     assert state is not None
