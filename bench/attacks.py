@@ -34,7 +34,7 @@ import contextlib
 import bcrypt
 from prometheus_client.parser import text_string_to_metric_families
 
-from pathprobe import wire
+from pathprobe import procs, wire
 
 PATHPROBE = [sys.executable, "-m", "pathprobe"]
 HOST, STRANGER = "127.0.0.1", "127.0.0.3"
@@ -94,7 +94,9 @@ def start(work: Path) -> subprocess.Popen[bytes]:
     path = work / "target.yaml"
     path.write_text(json.dumps(cfg))
     log = (work / "target.log").open("wb")
-    proc = subprocess.Popen([*PATHPROBE, "run", "--config", str(path)], stdout=log, stderr=log)
+    # Guarded: killed with this bench, which a test's timeout may kill (its exporter once held the
+    # ports for the rest of a CI run).
+    proc = subprocess.Popen(procs.guarded([*PATHPROBE, "run", "--config", str(path)]), stdout=log, stderr=log)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:

@@ -2,8 +2,8 @@
 machine): Debian 12 and Debian 13 (Python 3.13) ones that the deployment test boots its lab
 hosts from, and an arm64 Debian 12 (a Graviton's architecture, run by qemu-user through
 binfmt_misc) that the wheel test runs as a chroot. Made once and kept between runs;
-scripts/test.sh starts building them in the background (at the lowest CPU and I/O priority)
-while the checks and unit tests run, and a test waits for its own under the same lock.
+scripts/test.sh's full run builds them first (at the lowest CPU and I/O priority, beside the
+checks and the chaos lab), and a test waits for its own under the same lock.
 
 Run: python tests/rootfs.py   (as root)"""
 

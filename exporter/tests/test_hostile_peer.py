@@ -154,7 +154,10 @@ def test_a_hostile_peers_answers_never_become_impossible_figures(tmp_path: Path,
             if name in ("pathprobe_rtt_seconds", "pathprobe_owd_seconds"):
                 assert 0 < value < 1, (name, labels, value)  # a quantile of a loopback path's delays
             if name == "pathprobe_clock_offset_seconds":
-                assert abs(value) < 0.1, value  # one clock: its median of the least-delayed, not a corrupt one
+                # One clock: an offset taken from sane exchanges errs by at most half their round trip,
+                # which the delays above bound at 1 s (a starved test machine's least-delayed echoes
+                # read 0.22 s once); a corrupt clock is centuries off.
+                assert abs(value) < 0.5, value
 
     def grew(name: str) -> float:
         return count(second, name, peer="hostile") - count(first, name, peer="hostile")

@@ -216,6 +216,22 @@ def test_a_runaway_iperf3_client_ends_the_test_and_leaves_nothing(
     assert not procs.children(os.getpid())
 
 
+def test_a_test_is_killed_at_its_turns_end_however_long_it_may_run(tmp_path: Path) -> None:
+    """A scheduled test that started late is cut where its turn ends, not its own length after it
+    started: the next half's test may begin then (a lab's ran 0.13 s into it)."""
+    from pathprobe.probes import ProbeFailure, Target, ThroughputProber, ThroughputTest
+
+    binary = fake_iperf3(tmp_path, "exec sleep 60")
+    kill_at = time.monotonic() + 1.0
+    test = ThroughputTest(duration_seconds=5, omit_seconds=0, binary=binary, margin_seconds=5, kill_at=kill_at)
+    with pytest.raises(ProbeFailure, match="did not finish by its turn's end") as failed:
+        asyncio.run(ThroughputProber(Target("127.0.0.1", 5201), test).measure())
+    assert failed.value.reason == "timeout"
+    # Its processes are gone by then (the kill and reaping take a few ms; 10 s is what it would have run).
+    assert time.monotonic() - kill_at < 5
+    assert not procs.children(os.getpid())
+
+
 def test_a_server_that_writes_much_to_stderr_is_never_blocked(tmp_path: Path) -> None:
     from pathprobe.responders import iperf3
 

@@ -68,7 +68,7 @@ class ScheduleSettings(Strict):
     # Random delay before a half-slot's first test, so that tests do not start
     # in lock-step on clock edges.
     jitter_seconds: float = Field(default=2, ge=0)
-    # Time a test may overrun duration + omit before it is killed.
+    # Time a test may overrun duration + omit before it is killed; killed at its turn's end anyway.
     timeout_margin_seconds: float = Field(default=5, ge=1)
 
 

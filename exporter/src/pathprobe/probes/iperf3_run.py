@@ -131,7 +131,9 @@ class Run:
     async def finish(self) -> list[Output]:
         """Every process's output once all have ended; the whole of each process group is killed
         on a timeout (ProbeFailure) or a cancellation."""
-        limit = self.test.max_seconds()
+        left = math.inf if self.test.kill_at is None else self.test.kill_at - time.monotonic()
+        cut = left < self.test.max_seconds()  # by the turn's end, not by the test's own length
+        limit = min(left, self.test.max_seconds())
         watch = self.steady
         sampler = asyncio.ensure_future(watch.sample()) if watch else None
         reads = [
@@ -151,7 +153,8 @@ class Run:
             await asyncio.wait(reads)  # the pipes are read to their end below, by one reader
             await self._kill()
             if isinstance(exc, TimeoutError):
-                raise ProbeFailure("timeout", f"iperf3 did not finish within {limit:g} s") from exc
+                why = "by its turn's end" if cut else f"within {limit:g} s"
+                raise ProbeFailure("timeout", f"iperf3 did not finish {why}") from exc
             raise
         finally:
             if sampler is not None:

@@ -44,6 +44,10 @@ class ThroughputTest:
     binary: str = default(Iperf3Settings, "binary")
     # Time a test may overrun duration + omit before it is killed (connecting included).
     margin_seconds: float = 5.0
+    # When (time.monotonic()) its processes are killed at the latest: a scheduled test's turn's end,
+    # so that one started late cannot run into the next half, where its host or peer is in another
+    # test. None: only max_seconds after they started.
+    kill_at: float | None = None
     dscp: int = 0  # iperf3 --dscp: the mark of the test's packets (the data connections')
     # The peer's rr port: its responder reports its end of the test (probes/peer_end.py); None: not asked.
     report_port: int | None = None
