@@ -54,10 +54,13 @@ else
   # minutes of one core on a fresh machine, at the lowest priority. Built beside phase 1's unit tests,
   # at their priority, they took 21 and starved those tests (three hang guards ran out). A test whose
   # root filesystem is missing builds it.
-  nice -n 19 ionice -c 3 .venv/bin/python tests/rootfs.py > "$logs/rootfs.log" 2>&1 ||
-    echo "the root filesystems were not built ($logs/rootfs.log): the tests that need them try again"
-  # Phase 1: the unit and render tests, two at a time at the lowest CPU priority, beside the chaos
-  # module's last minutes and two labs in namespaces of their own: the fire drills (seven minutes),
+  if ! nice -n 19 ionice -c 3 .venv/bin/python tests/rootfs.py > "$logs/rootfs.log" 2>&1; then
+    tail -n 50 "$logs/rootfs.log"
+    echo "the root filesystems were not built (above): the tests that need them try again"
+  fi
+  # Phase 1: the unit and render tests, two at a time at the lowest CPU priority, beside the rest of
+  # the chaos module (all of it when the root filesystems were kept) and two labs in namespaces of
+  # their own: the fire drills (seven minutes),
   # followed by the light lab modules (paths, capacity, one-way delay, firewall, admission: under
   # three minutes). Once the unit tests have ended, a third lab takes the fleet's rolling change, the
   # AWS and Transit Gateway labs but their predicted rates (phase 4), the exporters' own checks and the

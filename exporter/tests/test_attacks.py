@@ -15,8 +15,8 @@ BENCH = Path(__file__).parents[2] / "bench" / "attacks.py"
 
 
 def test_every_attack_leaves_the_exporter_up_answering_and_bounded() -> None:
-    # A hang guard: the suite takes 81 s alone, and more than 300 s at nice 19 beside three labs and
-    # a root filesystem's build.
+    # A hang guard: the suite takes 81 s alone; at nice 19 beside three labs and a root filesystem's
+    # build (which CI has since moved before them) it took more than 300 s once.
     proc = subprocess.run([sys.executable, str(BENCH)], capture_output=True, text=True, timeout=600, check=False)
     print(proc.stdout)
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]

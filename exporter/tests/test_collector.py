@@ -299,6 +299,33 @@ def test_a_stepped_clock_costs_at_most_a_few_seconds_of_turns(tmp_path: Path, st
     assert taken_at[1] - taken_at[0] <= 2 * 4 + 1.5
 
 
+def test_a_turns_test_is_to_be_killed_by_its_turns_end(tmp_path: Path) -> None:
+    """The turn hands its test the monotonic time its processes must be gone by: the turn's end, by
+    the exporter's clock, less the guard that lets the next half's test start clean."""
+    cfg = config(
+        tmp_path,
+        schedule={"slot_seconds": 60, "jitter_seconds": 5, "timeout_margin_seconds": 1},
+        probes={"throughput": {"streams": [1], "duration_seconds": 0.2, "omit_seconds": 0}},
+    )
+    virtual = VirtualTime()
+    e = Exporter(cfg, clock=virtual.time, sleep=virtual.sleep)
+    left: list[tuple[float, float]] = []  # (kill_at - now, the turn's end - guard - now), per test
+
+    def recording(test: ThroughputTest) -> ThroughputResult:
+        assert test.kill_at is not None
+        now = e.turns.clock()
+        turn = e.turns.timetable.next_turn("a", now)
+        assert turn is not None and turn.start <= now < turn.end
+        left.append((test.kill_at - time.monotonic(), turn.end - turns.TURN_END_GUARD_SECONDS - now))
+        return result()
+
+    e.turns.make_prober = StandIn(recording)
+    run_turns_until(e, virtual, lambda: len(left) >= 2)
+    for kill_in, turn_left in left:
+        assert kill_in == pytest.approx(turn_left, abs=0.5)  # the real time between the two reads
+        assert 0 < turn_left < 30  # within the half: the jitter is 5 s at most
+
+
 @pytest.mark.parametrize("step", [-3600.0, 3600.0])
 def test_a_clock_stepped_during_a_wait_for_a_turn_is_read_at_the_next_check(tmp_path: Path, step: float) -> None:
     # The step comes while the loop waits for its next turn (60 s slots: a wait of up to two).

@@ -159,7 +159,7 @@ class Reply:
 
 
 # A hang guard, not a latency bound: the first answer to a login (its bcrypt check) took more than
-# 5 s at nice 19 beside three labs and a root filesystem's build.
+# 5 s once, at nice 19 beside three labs and a root filesystem's build (since moved before them).
 ANSWER_TIMEOUT_SECONDS = 30
 
 

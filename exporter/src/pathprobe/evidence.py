@@ -258,7 +258,7 @@ class Witness:
 
 # Fields of the test's settings (probes.ThroughputTest) left out of a record: what iperf3 runs
 # with locally, not what the test was.
-PRIVATE_SETTINGS = ("password_file", "binary", "margin_seconds")
+PRIVATE_SETTINGS = ("password_file", "binary", "margin_seconds", "kill_at")
 
 
 def record(  # noqa: PLR0913 - what one test's record holds
