@@ -46,38 +46,36 @@ else
   mkdir -p "$logs"
   lint > "$logs/lint.log" 2>&1 &  # lint and types meanwhile: their result comes with the labs'
   linted=$!
-  # The rollout chaos module (ten minutes of a lab taking changes when the schedule's slots allow,
-  # which leaves most of the CPU idle), in a namespace of its own, from the start.
+  # Phase 1's three labs from the start, each in a namespace of its own: the rollout chaos module (ten
+  # minutes of a lab taking changes when the schedule's slots allow, which leaves most of the CPU
+  # idle); the fire drills (seven minutes) followed by the light lab modules (paths, capacity, one-way
+  # delay, firewall, admission: under three minutes); the hosts too small for their tests (ten
+  # minutes of a lab whose iperf3s mostly wait, held to a small CPU quota).
   bash scripts/isolated.sh .venv/bin/pytest -v --durations=5 tests/test_rollout_chaos.py > "$logs/chaos.log" 2>&1 &
   chaos=$!
-  # Beside it first, the Ansible tests' root filesystems (tests/rootfs.py; kept between runs): 7
-  # minutes of one core on a fresh machine, at the lowest priority. Built beside phase 1's unit tests,
-  # at their priority, they took 21 and starved those tests (three hang guards ran out). A test whose
-  # root filesystem is missing builds it.
-  if ! nice -n 19 ionice -c 3 .venv/bin/python tests/rootfs.py > "$logs/rootfs.log" 2>&1; then
-    tail -n 50 "$logs/rootfs.log"
-    echo "the root filesystems were not built (above): the tests that need them try again"
-  fi
-  # Phase 1: the unit and render tests, two at a time at the lowest CPU priority, beside the rest of
-  # the chaos module (all of it when the root filesystems were kept) and two labs in namespaces of
-  # their own: the fire drills (seven minutes),
-  # followed by the light lab modules (paths, capacity, one-way delay, firewall, admission: under
-  # three minutes). Once the unit tests have ended, a third lab takes the fleet's rolling change, the
-  # AWS and Transit Gateway labs but their predicted rates (phase 4), the exporters' own checks and the
-  # applications' flows (a gigabit transfer its receiver must keep up with: not beside the unit tests;
-  # four minutes), and the machine's own namespace the tests that need it: test_lab.py (its hosts'
-  # congestion control extends the machine's allowed list) and the demo's lifecycle tests (they
-  # check that list is put back); test_lab.py's measured delays and rates wait for phase 4.
   light=(tests/test_paths.py tests/test_capacity_lab.py tests/test_owd_lab.py tests/test_firewall.py
     tests/test_iperf3_admission.py)
   bash scripts/isolated.sh .venv/bin/pytest -v -m lab --durations=10 tests/test_alerts.py "${light[@]}" \
     > "$logs/drills.log" 2>&1 &
   drills=$!
-  # The hosts too small for their tests (ten minutes of a lab whose iperf3s mostly wait, held to a
-  # small CPU quota), beside them in a namespace of its own.
   bash scripts/isolated.sh .venv/bin/pytest -v -m lab --durations=5 tests/test_host_bound_lab.py \
     > "$logs/host_bound.log" 2>&1 &
   bound=$!
+  # Beside them first, at the lowest priority, the Ansible tests' root filesystems (tests/rootfs.py;
+  # kept between runs): 7 minutes of one core on a fresh machine. Built beside the unit tests, at
+  # their priority, they took 21 and starved those tests (three hang guards ran out). A test whose
+  # root filesystem is missing builds it.
+  if ! nice -n 19 ionice -c 3 .venv/bin/python tests/rootfs.py > "$logs/rootfs.log" 2>&1; then
+    tail -n 50 "$logs/rootfs.log"
+    echo "the root filesystems were not built (above): the tests that need them try again"
+  fi
+  # Then the unit and render tests, two at a time at the lowest CPU priority, beside what is left of
+  # the three labs. Once they have ended, a third lab takes the fleet's rolling change, the AWS and
+  # Transit Gateway labs but their predicted rates (phase 4), the exporters' own checks and the
+  # applications' flows (a gigabit transfer its receiver must keep up with: not beside the unit tests;
+  # four minutes), and the machine's own namespace the tests that need it: test_lab.py (its hosts'
+  # congestion control extends the machine's allowed list) and the demo's lifecycle tests (they
+  # check that list is put back); test_lab.py's measured delays and rates wait for phase 4.
   unit=0
   nice -n 19 .venv/bin/pytest -v -m "not lab and not slow and not alone" -n 2 --durations=20 exporter/tests tests ||
     unit=$?
