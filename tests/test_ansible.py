@@ -1286,21 +1286,27 @@ while :; do echo "$(date +%s.%N) $(pgrep -P 1 -fc '[b]in/pathprobe run ')"; slee
 def exporters_counted(deployed: dict) -> Iterator[dict[str, list[tuple[float, int]]]]:
     """While the block runs, each host samples how many exporters it runs: (time, count), per host."""
     samples: dict[str, list[tuple[float, int]]] = {}
-    unit = f"pathprobe-watch-{secrets.token_hex(4)}"  # a name of its own: the last one may not be gone yet
+    log = f"/root/pathprobe-watch-{secrets.token_hex(4)}.log"  # a name of its own: the last one may not be gone yet
+    watchers = {}
     for host, root in deployed["roots"].items():
         script = root / "usr" / "local" / "bin" / "pathprobe-watch"
         script.write_text(WATCH)
         script.chmod(0o755)
+        # A process of the SSH session, stopped by its PID: the sampler is the test's, not the host's,
+        # and a transient systemd unit's `systemctl stop` hung past a minute on this machine's
+        # cgroup v1 inside a container (`systemctl kill` of it: "Input/output error").
         started = ssh(
-            deployed, host, f"systemd-run --collect --unit={unit} /usr/local/bin/pathprobe-watch /root/{unit}.log"
+            deployed, host, f"nohup /usr/local/bin/pathprobe-watch {log} > /dev/null 2>&1 < /dev/null & echo $!"
         )
-        assert started.returncode == 0, started.stderr
+        assert started.returncode == 0 and started.stdout.strip().isdigit(), started
+        watchers[host] = started.stdout.strip()
     try:
         yield samples
     finally:
         for host, root in deployed["roots"].items():
-            ssh(deployed, host, f"systemctl stop {unit}")
-            lines = (root / "root" / f"{unit}.log").read_text().split("\n")
+            stopped = ssh(deployed, host, f"kill {watchers[host]}")
+            assert stopped.returncode == 0, (host, stopped.stderr)
+            lines = (root / log.lstrip("/")).read_text().split("\n")
             samples[host] = [(float(t), int(n)) for t, n in (line.split() for line in lines if line.count(" ") == 1)]
 
 
@@ -1345,11 +1351,13 @@ def test_an_upgrade_and_a_rollback_reach_every_host_with_its_state_and_one_resta
     assert all(remaining[h] < limits[h] for h in addresses), (remaining, limits)  # the tests above spent some
     marker = (roots["dep-tokyo"] / "opt" / "pathprobe" / "venv").resolve() / ".pathprobe-installed"  # A's
     installed_a = marker.stat().st_mtime
-    for rel, other in ((release_b, release_a), (release_a, release_b)):
+    # Each release comes with a change only a restart applies (the budget's daily limit): the new
+    # build's restart applies it as well, and the exporter stops once.
+    for rel, other, daily in ((release_b, release_a, "39GB"), (release_a, release_b, "40GB")):
         with exporters_counted(deployed) as samples:
             proc = deployed["play"](
                 RELOADED_PROBES,
-                RESTARTED | {"pathprobe_release_wheel": str(rel.wheel)},
+                RESTARTED | {"pathprobe_release_wheel": str(rel.wheel), "pathprobe_budget": {"daily_bytes": daily}},
                 {"ANSIBLE_COLLECTIONS_PATH": installed(rel, work)},
             )
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
@@ -1363,11 +1371,12 @@ def test_an_upgrade_and_a_rollback_reach_every_host_with_its_state_and_one_resta
             # One exporter at a time, and none only while the unit restarts, once.
             assert max(n for _, n in samples[host]) == 1, samples[host]
             gaps = without_exporter(samples[host])
-            assert len(gaps) == 1 and gaps[0] < 15, (host, gaps)
+            assert len(gaps) == 1 and gaps[0] < 15, (host, gaps, handlers_run(proc.stdout), unit_log(deployed, host))
             # The budget spent so far is still spent; the build that ran before stays installed.
             text = metrics_text(deployed, addr)
             assert metric_value(text, "pathprobe_budget_remaining_bytes") <= remaining[host]
             assert metric_value(text, "pathprobe_budget_state_unusable") == 0
+            assert metric_value(text, "pathprobe_budget_limit_bytes") == int(daily.removesuffix("GB")) * 10**9
             assert venvs(host) == {rel.version, other.version}, venvs(host)
         assert state() == before  # the mesh's iperf3 keys and password, on the controller and the hosts
     # Back to A: installed already, not again; the link switched and the exporter restarted.
@@ -1375,6 +1384,15 @@ def test_an_upgrade_and_a_rollback_reach_every_host_with_its_state_and_one_resta
         proc.stdout, "Install the exporter into this build's virtualenv, from the copied wheels only"
     ) == ("skipping")
     assert marker.stat().st_mtime == installed_a
+
+
+def handlers_run(output: str) -> list[str]:
+    return re.findall(r"^RUNNING HANDLER \[[^\]]*\]", output, re.M)
+
+
+def unit_log(deployed: dict, host: str) -> str:
+    """The exporter unit's last journal lines on the host, for a failure's message."""
+    return ssh(deployed, host, "journalctl -u pathprobe -n 40 --no-pager -o short-precise").stdout
 
 
 def waited(output: str) -> dict[str, str]:
