@@ -1286,7 +1286,7 @@ while :; do echo "$(date +%s.%N) $(pgrep -P 1 -fc '[b]in/pathprobe run ')"; slee
 def exporters_counted(deployed: dict) -> Iterator[dict[str, list[tuple[float, int]]]]:
     """While the block runs, each host samples how many exporters it runs: (time, count), per host."""
     samples: dict[str, list[tuple[float, int]]] = {}
-    log = f"/root/pathprobe-watch-{secrets.token_hex(4)}.log"  # a name of its own: the last one may not be gone yet
+    log = f"/root/pathprobe-watch-{secrets.token_hex(4)}.log"  # each block's samples in a file of their own
     watchers = {}
     for host, root in deployed["roots"].items():
         script = root / "usr" / "local" / "bin" / "pathprobe-watch"
